@@ -1,0 +1,31 @@
+//! The service's typed configuration, filled from flags and environment by `main`.
+
+use crate::storage::PoolOptions;
+
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
+pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Largest accepted request body, in bytes; larger is a 413.
+    pub body_limit: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub bind: String,
+    pub database_url: String,
+    pub pool: PoolOptions,
+    pub http: HttpConfig,
+    /// Apply pending migrations at start (false: refuse to start while any are pending).
+    pub migrate: bool,
+}

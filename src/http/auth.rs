@@ -1,0 +1,57 @@
+//! `Authorization: Bearer TOKEN` → the login, or 401. The token is hashed
+//! and found by its hash; it is never logged.
+
+use actix_web::HttpRequest;
+use actix_web::http::header;
+
+use super::{ApiError, AppState};
+use crate::intake::{Login, Permission};
+use crate::logins::{self, LoginError};
+
+pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
+    let token = bearer_token(req)?.to_owned();
+    let found = state
+        .blocking(move |db| -> Result<Option<Login>, LoginError> {
+            let mut conn = db.conn()?;
+            logins::authenticate(&mut conn, &token)
+        })
+        .await;
+    match found {
+        Ok(Some(login)) => Ok(login),
+        Ok(None) => Err(ApiError::Unauthorized("unknown or revoked token")),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
+    if login.has(permission) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!(
+            "login `{}` lacks the {permission} permission",
+            login.name
+        )))
+    }
+}
+
+fn bearer_token(req: &HttpRequest) -> Result<&str, ApiError> {
+    let value = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or(ApiError::Unauthorized(
+            "missing Authorization: Bearer token",
+        ))?;
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::Unauthorized("malformed Authorization header"))?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or(ApiError::Unauthorized("malformed Authorization header"))?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(ApiError::Unauthorized(
+            "Authorization must be `Bearer TOKEN`",
+        ));
+    }
+    Ok(token)
+}

@@ -1,0 +1,191 @@
+//! Every error answer: an RFC 9457 `application/problem+json` body, mapped
+//! from one enum by one `match`. Causes are logged, never sent.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::intake::SubmitError;
+use crate::intake::body::{BodyError, FieldError};
+use crate::logins::LoginError;
+use crate::storage::StorageError;
+
+pub const PROBLEM_BASE: &str = "https://plan-intake.dev/problems/";
+pub const PROBLEM_JSON: &str = "application/problem+json";
+/// Seconds a 503 asks the caller to wait before retrying with the same key.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("not found")]
+    NotFound,
+    #[error("{0}")]
+    BadIdempotencyKey(String),
+    #[error("{0}")]
+    MalformedJson(String),
+    #[error("the request body failed validation")]
+    Invalid(Vec<FieldError>),
+    #[error("idempotency key reused for a different request")]
+    KeyReused,
+    #[error("body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The cause is logged; the caller is told to retry with the same key.
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+    /// The cause is logged; the caller sees a generic 500.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<&'a [FieldError]>,
+}
+
+impl ApiError {
+    fn slug_and_title(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
+            ApiError::NotFound => ("not-found", "Not Found"),
+            ApiError::BadIdempotencyKey(_) => {
+                ("invalid-idempotency-key", "Invalid Idempotency-Key")
+            }
+            ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
+            ApiError::Invalid(_) => ("validation-failed", "Validation Failed"),
+            ApiError::KeyReused => ("idempotency-key-reused", "Idempotency Key Reused"),
+            ApiError::PayloadTooLarge(_) => ("payload-too-large", "Payload Too Large"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("unsupported-media-type", "Unsupported Media Type")
+            }
+            ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
+            ApiError::Internal(_) => ("internal", "Internal Server Error"),
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            ApiError::Unavailable(_) => {
+                "the database is unavailable; retry later with the same Idempotency-Key".to_owned()
+            }
+            ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
+            ApiError::KeyReused => {
+                "this Idempotency-Key was already used by this login for a different request"
+                    .to_owned()
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::BadIdempotencyKey(_) | ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::Invalid(_) | ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        match self {
+            ApiError::Unavailable(cause) => tracing::warn!(%cause, "answering 503"),
+            ApiError::Internal(cause) => tracing::error!(%cause, "answering 500"),
+            _ => {}
+        }
+        let (slug, title) = self.slug_and_title();
+        let problem = Problem {
+            kind: format!("{PROBLEM_BASE}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.detail(),
+            errors: match self {
+                ApiError::Invalid(errors) => Some(errors),
+                _ => None,
+            },
+        };
+        let mut response = HttpResponse::build(status);
+        response.content_type(PROBLEM_JSON);
+        match self {
+            ApiError::Unauthorized(_) => {
+                response
+                    .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+            }
+            ApiError::Unavailable(_) => {
+                response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
+            }
+            _ => {}
+        }
+        response.json(problem)
+    }
+}
+
+/// Storage failures reach callers as 503 (retry with the same key) or 500,
+/// never with their text.
+impl From<StorageError> for ApiError {
+    fn from(error: StorageError) -> Self {
+        use diesel::result::{DatabaseErrorKind, Error};
+        match error {
+            StorageError::Unavailable(cause) => ApiError::Unavailable(cause),
+            StorageError::Query(
+                e @ (Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+                | Error::BrokenTransactionManager),
+            ) => ApiError::Unavailable(e.to_string()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<LoginError> for ApiError {
+    fn from(error: LoginError) -> Self {
+        match error {
+            LoginError::Storage(e) => e.into(),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(error: SubmitError) -> Self {
+        match error {
+            SubmitError::KeyReused => ApiError::KeyReused,
+            SubmitError::Storage(e) => e.into(),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(error: BodyError) -> Self {
+        match error {
+            BodyError::Malformed(message) => ApiError::MalformedJson(message),
+            BodyError::Invalid(errors) => ApiError::Invalid(errors),
+        }
+    }
+}
+
+impl From<crate::intake::receipt::CorruptRow> for ApiError {
+    fn from(error: crate::intake::receipt::CorruptRow) -> Self {
+        ApiError::Internal(error.to_string())
+    }
+}

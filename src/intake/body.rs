@@ -1,0 +1,279 @@
+//! The door: a request body becomes a [`Submission`] or a list of precise
+//! field errors. Past this module a run is never blank and an input never
+//! lacks an id.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use unicode_general_category::{GeneralCategory, get_general_category};
+use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKind};
+
+use super::ijson::{self, JsonError};
+
+pub const MAX_RUN_ID_CHARS: usize = 200;
+pub const MAX_INPUT_ID_CHARS: usize = 256;
+pub const MAX_APPROVED_INPUTS: u64 = 1000;
+
+/// One problem with one field, named by its path (`approved_inputs[2].id`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not JSON: 400.
+    Malformed(String),
+    /// JSON that breaks the rules: 422.
+    Invalid(Vec<FieldError>),
+}
+
+/// A run id that is present, not blank and printable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunId(String);
+
+impl RunId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovedInput {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// A validated plan submission, as kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    pub run_id: RunId,
+    pub approved_inputs: Vec<ApprovedInput>,
+    pub content: Map<String, Value>,
+}
+
+impl Submission {
+    /// `[{id, digest}]`, `digest` left out when absent: the form that is hashed and stored.
+    pub fn approved_inputs_json(&self) -> Value {
+        serde_json::to_value(&self.approved_inputs).unwrap_or(Value::Null)
+    }
+}
+
+/// The body as sent. Unknown top-level fields (`permissions`, `maker`, …)
+/// are ignored: they come from the login, never from the caller.
+#[derive(Debug, Deserialize, Validate)]
+struct PlanBody {
+    #[validate(required(message = "is required"), custom(function = "check_run_id"))]
+    run_id: Option<String>,
+    #[validate(
+        required(message = "is required"),
+        length(min = 1, max = 1000, message = "must hold 1 to 1000 entries"),
+        nested
+    )]
+    approved_inputs: Option<Vec<ApprovedInputBody>>,
+    #[validate(required(message = "is required and must be a JSON object"))]
+    content: Option<Map<String, Value>>,
+}
+
+// Serialize: validator records a refused list's value in its error params.
+#[derive(Debug, Serialize, Deserialize, Validate)]
+#[serde(deny_unknown_fields)]
+struct ApprovedInputBody {
+    #[validate(custom(function = "check_input_id"))]
+    id: String,
+    digest: Option<String>,
+}
+
+pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
+    let value = ijson::parse(bytes).map_err(|e| match e {
+        JsonError::Syntax(message) => {
+            BodyError::Malformed(format!("body is not valid JSON: {message}"))
+        }
+        JsonError::NotIJson(message) => BodyError::Invalid(vec![FieldError {
+            field: String::new(),
+            message: format!("body is not I-JSON (RFC 7493): {message}"),
+        }]),
+    })?;
+    if !value.is_object() {
+        return Err(invalid("", "body must be a JSON object"));
+    }
+    let body: PlanBody = serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." { String::new() } else { field };
+        invalid(&field, &e.into_inner().to_string())
+    })?;
+    body.validate()
+        .map_err(|errors| BodyError::Invalid(flatten(&errors)))?;
+    let (Some(run_id), Some(inputs), Some(content)) =
+        (body.run_id, body.approved_inputs, body.content)
+    else {
+        // `validate` refused every missing field above; this arm is unreachable.
+        return Err(invalid(
+            "",
+            "run_id, approved_inputs and content are required",
+        ));
+    };
+    Ok(Submission {
+        run_id: RunId(run_id),
+        approved_inputs: inputs
+            .into_iter()
+            .map(|input| ApprovedInput {
+                id: input.id,
+                digest: input.digest,
+            })
+            .collect(),
+        content,
+    })
+}
+
+fn invalid(field: &str, message: &str) -> BodyError {
+    BodyError::Invalid(vec![FieldError {
+        field: field.to_owned(),
+        message: message.to_owned(),
+    }])
+}
+
+fn check_run_id(run_id: &str) -> Result<(), ValidationError> {
+    check_text(run_id, MAX_RUN_ID_CHARS)
+}
+
+fn check_input_id(id: &str) -> Result<(), ValidationError> {
+    check_text(id, MAX_INPUT_ID_CHARS)
+}
+
+/// Not blank (empty or only Unicode white space), at most `max` characters,
+/// no control (Cc) or format (Cf) characters.
+fn check_text(text: &str, max: usize) -> Result<(), ValidationError> {
+    if text.trim().is_empty() {
+        return Err(rule(
+            "blank",
+            "must not be empty or only white space".into(),
+        ));
+    }
+    if text.chars().count() > max {
+        return Err(rule(
+            "too_long",
+            format!("must be at most {max} characters").into(),
+        ));
+    }
+    if text.chars().any(|c| {
+        matches!(
+            get_general_category(c),
+            GeneralCategory::Control | GeneralCategory::Format
+        )
+    }) {
+        return Err(rule(
+            "control_character",
+            "must not contain control or format characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn rule(code: &'static str, message: Cow<'static, str>) -> ValidationError {
+    ValidationError::new(code).with_message(message)
+}
+
+/// validator's nested error tree as a flat, sorted list of `{field, message}`.
+fn flatten(errors: &ValidationErrors) -> Vec<FieldError> {
+    let mut out = Vec::new();
+    collect(errors, "", &mut out);
+    out.sort_by(|a, b| a.field.cmp(&b.field));
+    out
+}
+
+fn collect(errors: &ValidationErrors, prefix: &str, out: &mut Vec<FieldError>) {
+    for (name, kind) in errors.errors() {
+        let path = if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        match kind {
+            ValidationErrorsKind::Field(list) => out.extend(list.iter().map(|e| {
+                FieldError {
+                    field: path.clone(),
+                    message: e
+                        .message
+                        .as_deref()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| e.code.to_string()),
+                }
+            })),
+            ValidationErrorsKind::Struct(inner) => collect(inner, &path, out),
+            ValidationErrorsKind::List(items) => {
+                for (index, inner) in items {
+                    collect(inner, &format!("{path}[{index}]"), out);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str) -> Vec<String> {
+        match parse(body.as_bytes()) {
+            Err(BodyError::Invalid(errors)) => errors.into_iter().map(|e| e.field).collect(),
+            other => panic!("expected a 422 for {body}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_blank_run_is_refused_by_name() {
+        let rest = r#""approved_inputs":[{"id":"a"}],"content":{}"#;
+        for run in [
+            "",
+            r#""run_id":null,"#,
+            r#""run_id":"","#,
+            r#""run_id":"   ","#,
+            r#""run_id":"\u3000\t","#,
+        ] {
+            assert_eq!(
+                fields(&format!("{{{run}{rest}}}")),
+                vec!["run_id"],
+                "run: {run}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_nested_and_typed_fields() {
+        assert_eq!(
+            fields(r#"{"run_id":"r","approved_inputs":[{"id":"a"},{"id":" "}],"content":{}}"#),
+            vec!["approved_inputs[1].id"]
+        );
+        assert_eq!(
+            fields(r#"{"run_id":"r","approved_inputs":[{"id":"a","extra":1}],"content":{}}"#),
+            vec!["approved_inputs[0]"]
+        );
+        assert_eq!(
+            fields(r#"{"run_id":7,"approved_inputs":[{"id":"a"}],"content":{}}"#),
+            vec!["run_id"]
+        );
+        assert_eq!(
+            fields(r#"{"run_id":"r","approved_inputs":[],"content":[]}"#),
+            vec!["content"]
+        );
+        assert_eq!(
+            fields(r#"{"run_id":"r\u200b","approved_inputs":[],"content":{}}"#),
+            vec!["approved_inputs", "run_id"]
+        );
+    }
+
+    #[test]
+    fn ignores_claimed_permissions_and_maker() {
+        let submission = parse(
+            br#"{"run_id":"r","approved_inputs":[{"id":"a","digest":"d"}],"content":{"k":1},
+                "permissions":["receipts:read"],"maker":"someone-else"}"#,
+        )
+        .expect("valid body");
+        assert_eq!(submission.run_id.as_str(), "r");
+        assert_eq!(submission.approved_inputs.len(), 1);
+    }
+}

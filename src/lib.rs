@@ -1,0 +1,9 @@
+//! plan-intake: takes plans from planner services and keeps each one exactly
+//! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`.
+
+pub mod config;
+pub mod http;
+pub mod intake;
+pub mod logins;
+pub mod serve;
+pub mod storage;

@@ -1,0 +1,115 @@
+//! Logins: created, listed and revoked by the CLI; looked up by token hash
+//! on every request. A token is shown once and stored only as its hash.
+
+use crate::intake::login::parse_permissions;
+use crate::intake::{Login, Permission};
+use crate::storage::logins::{self as repo, LoginRow, NewLogin};
+use crate::storage::{DbConn, StorageError};
+
+pub const MAX_NAME_CHARS: usize = 64;
+const TOKEN_PREFIX: &str = "pit_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a login named `{0}` already exists")]
+    Exists(String),
+    #[error("no active login named `{0}`")]
+    NotFound(String),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<diesel::result::Error> for LoginError {
+    fn from(e: diesel::result::Error) -> Self {
+        LoginError::Storage(StorageError::Query(e))
+    }
+}
+
+/// The blake3 hash under which a token is stored and found.
+pub fn token_hash(token: &str) -> String {
+    blake3::hash(token.as_bytes()).to_hex().to_string()
+}
+
+/// 256 random bits from the operating system's CSPRNG-seeded generator, in hex.
+fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TOKEN_PREFIX}{hex}")
+}
+
+/// Creates a login and returns its token, which is never stored or shown again.
+pub fn create(
+    conn: &mut DbConn,
+    name: &str,
+    permissions: &[Permission],
+) -> Result<String, LoginError> {
+    validate_name(name)?;
+    if permissions.is_empty() {
+        return Err(LoginError::Invalid(
+            "a login needs at least one --permission".to_owned(),
+        ));
+    }
+    let mut permissions = permissions.to_vec();
+    permissions.sort();
+    permissions.dedup();
+    let names: Vec<&str> = permissions.iter().map(|p| p.as_str()).collect();
+    let stored_permissions = serde_json::Value::from(names).to_string();
+    let token = new_token();
+    let hash = token_hash(&token);
+    let login = NewLogin {
+        name,
+        token_hash: &hash,
+        permissions: &stored_permissions,
+        created_at: crate::intake::submit::now_micros(),
+    };
+    match repo::insert(conn, &login) {
+        Ok(()) => Ok(token),
+        Err(e) if crate::storage::errors::is_unique_violation(&e) => {
+            Err(LoginError::Exists(name.to_owned()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The active login that owns `token`, if any.
+pub fn authenticate(conn: &mut DbConn, token: &str) -> Result<Option<Login>, LoginError> {
+    let Some(row) = repo::find_active_by_token_hash(conn, &token_hash(token))? else {
+        return Ok(None);
+    };
+    let permissions = parse_permissions(&row.permissions).map_err(|e| {
+        LoginError::Storage(StorageError::Config(format!("login `{}`: {e}", row.name)))
+    })?;
+    Ok(Some(Login {
+        name: row.name,
+        permissions,
+    }))
+}
+
+pub fn list(conn: &mut DbConn) -> Result<Vec<LoginRow>, LoginError> {
+    Ok(repo::list(conn)?)
+}
+
+pub fn revoke(conn: &mut DbConn, name: &str) -> Result<(), LoginError> {
+    if repo::revoke(conn, name, crate::intake::submit::now_micros())? {
+        Ok(())
+    } else {
+        Err(LoginError::NotFound(name.to_owned()))
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), LoginError> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= MAX_NAME_CHARS
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LoginError::Invalid(format!(
+            "login name must be 1-{MAX_NAME_CHARS} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+        )))
+    }
+}

@@ -1,0 +1,219 @@
+//! The command line: `serve`, `migrate`, `logins`. Informational output goes
+//! to stderr; an error is one line and a non-zero exit.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use plan_intake::config::{
+    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, HttpConfig, ServeConfig,
+};
+use plan_intake::intake::Permission;
+use plan_intake::intake::receipt::format_timestamp;
+use plan_intake::storage::{
+    Database, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
+};
+use plan_intake::{logins, serve};
+
+#[derive(Parser)]
+#[command(
+    name = "plan-intake",
+    version,
+    about = "Takes plans from planner services and keeps each one exactly once"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct DatabaseArgs {
+    /// postgres://…, postgresql://…, sqlite://PATH or a plain SQLite path
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
+    database_url: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP service (applies pending migrations first unless --no-migrate)
+    Serve {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Address to listen on
+        #[arg(long, env = "PLAN_INTAKE_BIND", default_value = DEFAULT_BIND)]
+        bind: String,
+        /// Refuse to start while migrations are pending instead of applying them
+        #[arg(long)]
+        no_migrate: bool,
+        /// Most database connections held at once
+        #[arg(long, env = "PLAN_INTAKE_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        pool_size: u32,
+        /// Milliseconds to wait for a free connection before answering 503
+        #[arg(long, env = "PLAN_INTAKE_CHECKOUT_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+        checkout_timeout_ms: u64,
+        /// Largest accepted request body in bytes (larger is a 413)
+        #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT)]
+        body_limit: usize,
+    },
+    /// Apply or inspect migrations
+    Migrate {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(subcommand)]
+        action: MigrateAction,
+    },
+    /// Manage logins (the only way to create one)
+    Logins {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(subcommand)]
+        action: LoginsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum MigrateAction {
+    /// Apply every pending migration
+    Run,
+    /// List applied and pending migrations
+    Status,
+    /// Revert the most recent migration
+    Revert,
+}
+
+#[derive(Subcommand)]
+enum LoginsAction {
+    /// Create a login; prints only its token on stdout
+    Add {
+        name: String,
+        /// plans:submit or receipts:read; repeat for several
+        #[arg(long = "permission", required = true)]
+        permissions: Vec<Permission>,
+    },
+    /// List logins (never tokens)
+    List,
+    /// Revoke a login's token at once
+    Revoke { name: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("plan-intake: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PLAN_INTAKE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Serve {
+            db,
+            bind,
+            no_migrate,
+            pool_size,
+            checkout_timeout_ms,
+            body_limit,
+        } => serve::run(ServeConfig {
+            bind,
+            database_url: db.database_url,
+            pool: PoolOptions {
+                max_size: pool_size,
+                checkout_timeout: Duration::from_millis(checkout_timeout_ms),
+                ..PoolOptions::default()
+            },
+            http: HttpConfig { body_limit },
+            migrate: !no_migrate,
+        })
+        .map_err(|e| e.to_string()),
+        Command::Migrate { db, action } => {
+            migrate(&db.database_url, action).map_err(|e| e.to_string())
+        }
+        Command::Logins { db, action } => manage_logins(&db.database_url, action),
+    }
+}
+
+fn open_single(
+    url: &str,
+    migrate: MigrateOnOpen,
+) -> Result<plan_intake::storage::PooledConn, StorageError> {
+    let options = PoolOptions {
+        max_size: 1,
+        ..PoolOptions::default()
+    };
+    Database::open(url, &options, migrate)?.conn()
+}
+
+fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
+    let mut conn = open_single(url, MigrateOnOpen::Skip)?;
+    let conn: &mut DbConn = &mut conn;
+    match action {
+        MigrateAction::Run => {
+            let applied = migrations::run_pending(conn)?;
+            if applied.is_empty() {
+                eprintln!("no pending migrations");
+            }
+            for name in applied {
+                eprintln!("applied {name}");
+            }
+        }
+        MigrateAction::Status => {
+            let pending = migrations::pending(conn)?;
+            for name in migrations::applied(conn)? {
+                println!("applied  {name}");
+            }
+            for name in pending {
+                println!("pending  {name}");
+            }
+        }
+        MigrateAction::Revert => {
+            let name = migrations::revert_last(conn)?;
+            eprintln!("reverted {name}");
+        }
+    }
+    Ok(())
+}
+
+fn manage_logins(url: &str, action: LoginsAction) -> Result<(), String> {
+    // Logins live in the migrated schema; a fresh database is made ready first.
+    let mut conn = open_single(url, MigrateOnOpen::Apply).map_err(|e| e.to_string())?;
+    match action {
+        LoginsAction::Add { name, permissions } => {
+            let token =
+                logins::create(&mut conn, &name, &permissions).map_err(|e| e.to_string())?;
+            println!("{token}");
+            eprintln!("created login `{name}`; the token above is shown only once");
+        }
+        LoginsAction::List => {
+            for login in logins::list(&mut conn).map_err(|e| e.to_string())? {
+                let state = match login.revoked_at {
+                    Some(at) => format!("revoked {}", format_timestamp(&at)),
+                    None => "active".to_owned(),
+                };
+                println!(
+                    "{}\t{}\tcreated {}\t{state}",
+                    login.name,
+                    login.permissions,
+                    format_timestamp(&login.created_at)
+                );
+            }
+        }
+        LoginsAction::Revoke { name } => {
+            logins::revoke(&mut conn, &name).map_err(|e| e.to_string())?;
+            eprintln!("revoked login `{name}`");
+        }
+    }
+    Ok(())
+}

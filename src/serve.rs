@@ -1,0 +1,50 @@
+//! `plan-intake serve`: open the database, then run the HTTP service.
+
+use actix_web::{App, HttpServer};
+
+use crate::config::ServeConfig;
+use crate::http::{self, AppState};
+use crate::storage::{Database, MigrateOnOpen, StorageError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("cannot listen on {bind}: {source}")]
+    Bind {
+        bind: String,
+        source: std::io::Error,
+    },
+    #[error("the server stopped with an error: {0}")]
+    Server(std::io::Error),
+}
+
+/// Opens the database (migrating first unless told not to), then serves
+/// until the process is stopped.
+pub fn run(config: ServeConfig) -> Result<(), ServeError> {
+    let migrate = if config.migrate {
+        MigrateOnOpen::Apply
+    } else {
+        MigrateOnOpen::RequireNonePending
+    };
+    let db = Database::open(&config.database_url, &config.pool, migrate)?;
+    tracing::info!(
+        backend = %db.backend,
+        database = %crate::storage::redact(&config.database_url),
+        bind = %config.bind,
+        "plan-intake starting"
+    );
+    let state = AppState {
+        db,
+        http: config.http.clone(),
+    };
+    actix_web::rt::System::new().block_on(async move {
+        let server = HttpServer::new(move || App::new().configure(http::configure(state.clone())))
+            .bind(&config.bind)
+            .map_err(|source| ServeError::Bind {
+                bind: config.bind.clone(),
+                source,
+            })?;
+        server.run().await.map_err(ServeError::Server)
+    })
+}

@@ -1,0 +1,75 @@
+//! Storage: the connection and pool, migrations, repositories and the
+//! classification of database errors. Nothing here knows about HTTP.
+
+#[path = "../../schema.rs"]
+pub mod schema;
+
+pub mod errors;
+pub mod logins;
+pub mod migrations;
+pub mod plans;
+mod pool;
+
+pub use errors::StorageError;
+pub use pool::{
+    Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
+};
+
+use diesel::r2d2::ManageConnection;
+
+/// An opened database: the pool, and what it points at.
+#[derive(Clone)]
+pub struct Database {
+    pub pool: DbPool,
+    pub backend: Backend,
+}
+
+impl Database {
+    /// Connects once outside the pool (so a failure shows the server's own
+    /// words), optionally applies pending migrations on that connection, then
+    /// builds the pool.
+    pub fn open(
+        url: &str,
+        options: &PoolOptions,
+        migrate: MigrateOnOpen,
+    ) -> Result<Self, StorageError> {
+        let target = DatabaseTarget::parse(url)?;
+        let backend = target.backend();
+        let manager = Manager::new(target, options.sqlite_busy_timeout);
+        let mut conn = manager
+            .connect()
+            .map_err(|e| StorageError::Unavailable(format!("cannot connect to {backend}: {e}")))?;
+        match migrate {
+            MigrateOnOpen::Apply => {
+                migrations::run_pending(&mut conn)?;
+            }
+            MigrateOnOpen::RequireNonePending => {
+                let pending = migrations::pending(&mut conn)?;
+                if !pending.is_empty() {
+                    return Err(StorageError::PendingMigrations(pending));
+                }
+            }
+            MigrateOnOpen::Skip => {}
+        }
+        drop(conn);
+        Ok(Self {
+            pool: build_pool(manager, options),
+            backend,
+        })
+    }
+
+    /// A pooled connection, or `Unavailable` when none frees up within the
+    /// checkout timeout. Call only from blocking code (`web::block`).
+    pub fn conn(&self) -> Result<PooledConn, StorageError> {
+        self.pool
+            .get()
+            .map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrateOnOpen {
+    Apply,
+    RequireNonePending,
+    Skip,
+}

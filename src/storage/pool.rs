@@ -1,0 +1,224 @@
+//! The connection type, the URL that picks a backend, and the r2d2 pool.
+
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{self, ManageConnection, R2D2Connection};
+use diesel::{Connection, PgConnection, SqliteConnection};
+
+use super::StorageError;
+
+/// Which database a URL names. Chosen from the scheme alone, so a down
+/// Postgres reports its own connection error instead of "invalid URL".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseTarget {
+    Postgres(String),
+    Sqlite(String),
+}
+
+impl DatabaseTarget {
+    /// `postgres://…` / `postgresql://…` is Postgres; `sqlite://PATH` or a plain path is SQLite.
+    pub fn parse(url: &str) -> Result<Self, StorageError> {
+        let url = url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        let path = match url.strip_prefix("sqlite://") {
+            Some(path) => path,
+            None if url.contains("://") => {
+                return Err(StorageError::Config(format!(
+                    "unsupported database URL scheme in `{}`: use postgres://, postgresql:// or sqlite://",
+                    redact(url)
+                )));
+            }
+            None => url,
+        };
+        if path.is_empty() {
+            return Err(StorageError::Config(
+                "the SQLite database URL names no file".to_owned(),
+            ));
+        }
+        if path == ":memory:" {
+            // Every pooled connection would see its own empty database.
+            return Err(StorageError::Config(
+                "an in-memory SQLite database cannot be shared by a pool; name a file".to_owned(),
+            ));
+        }
+        Ok(Self::Sqlite(path.to_owned()))
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Postgres(_) => Backend::Postgres,
+            Self::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+}
+
+/// A URL with any password replaced, fit for logs and error lines.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        })
+    }
+}
+
+/// One open connection to either backend. Code that must differ per backend
+/// matches on this in one small place (see `with_conn!` and `write_transaction!`).
+pub enum DbConn {
+    Postgres(PgConnection),
+    Sqlite(SqliteConnection),
+}
+
+impl DbConn {
+    pub fn backend(&self) -> Backend {
+        match self {
+            DbConn::Postgres(_) => Backend::Postgres,
+            DbConn::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+}
+
+/// Expands `$body` once per backend with `$conn` bound to the concrete
+/// connection, so diesel's full DSL (RETURNING included) type-checks for each.
+#[macro_export]
+macro_rules! with_conn {
+    ($db:expr, $conn:ident => $body:expr) => {
+        match $db {
+            $crate::storage::DbConn::Postgres($conn) => $body,
+            $crate::storage::DbConn::Sqlite($conn) => $body,
+        }
+    };
+}
+
+/// A write transaction: READ COMMITTED on Postgres, `BEGIN IMMEDIATE` on
+/// SQLite (a deferred transaction that reads then writes fails at once with
+/// "database is locked", busy timeout or not).
+#[macro_export]
+macro_rules! write_transaction {
+    ($db:expr, $conn:ident => $body:expr) => {
+        match $db {
+            $crate::storage::DbConn::Postgres(pg) => pg.transaction(|$conn| $body),
+            $crate::storage::DbConn::Sqlite(lite) => lite.immediate_transaction(|$conn| $body),
+        }
+    };
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub max_size: u32,
+    pub checkout_timeout: Duration,
+    pub sqlite_busy_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_size: 8,
+            checkout_timeout: Duration::from_secs(2),
+            sqlite_busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Opens connections for the pool; SQLite pragmas are set on every new
+/// connection, before anything else runs on it.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    target: DatabaseTarget,
+    sqlite_busy_timeout: Duration,
+}
+
+impl Manager {
+    pub fn new(target: DatabaseTarget, sqlite_busy_timeout: Duration) -> Self {
+        Self {
+            target,
+            sqlite_busy_timeout,
+        }
+    }
+
+    pub fn target(&self) -> &DatabaseTarget {
+        &self.target
+    }
+}
+
+impl ManageConnection for Manager {
+    type Connection = DbConn;
+    type Error = r2d2::Error;
+
+    fn connect(&self) -> Result<DbConn, r2d2::Error> {
+        match &self.target {
+            DatabaseTarget::Postgres(url) => PgConnection::establish(url)
+                .map(DbConn::Postgres)
+                .map_err(r2d2::Error::ConnectionError),
+            DatabaseTarget::Sqlite(path) => {
+                let mut conn =
+                    SqliteConnection::establish(path).map_err(r2d2::Error::ConnectionError)?;
+                // busy_timeout first: the pragmas after it may need the write lock.
+                // foreign_keys is ignored inside a transaction, so it is set here,
+                // per connection, before any migration runs.
+                let pragmas = format!(
+                    "PRAGMA busy_timeout = {};
+                     PRAGMA journal_mode = WAL;
+                     PRAGMA synchronous = FULL;
+                     PRAGMA foreign_keys = ON;",
+                    self.sqlite_busy_timeout.as_millis()
+                );
+                conn.batch_execute(&pragmas)
+                    .map_err(r2d2::Error::QueryError)?;
+                Ok(DbConn::Sqlite(conn))
+            }
+        }
+    }
+
+    fn is_valid(&self, conn: &mut DbConn) -> Result<(), r2d2::Error> {
+        with_conn!(conn, c => c.ping()).map_err(r2d2::Error::QueryError)
+    }
+
+    fn has_broken(&self, conn: &mut DbConn) -> bool {
+        // A connection whose transaction manager is in error (say, cut during
+        // COMMIT) must never be handed out again.
+        with_conn!(conn, c => c.is_broken())
+    }
+}
+
+pub type DbPool = r2d2::Pool<Manager>;
+pub type PooledConn = r2d2::PooledConnection<Manager>;
+
+/// Builds the pool without connecting; callers connect once first through
+/// [`Manager::connect`] so that a bad URL or a down server shows its real error.
+pub fn build_pool(manager: Manager, options: &PoolOptions) -> DbPool {
+    r2d2::Pool::builder()
+        .max_size(options.max_size)
+        .min_idle(Some(0))
+        .connection_timeout(options.checkout_timeout)
+        // A ping on checkout drops connections a restarted server has closed.
+        .test_on_check_out(true)
+        .build_unchecked(manager)
+}
