@@ -250,7 +250,7 @@ mod tests {
         );
         assert_eq!(
             fields(r#"{"run_id":"r","approved_inputs":[{"id":"a","extra":1}],"content":{}}"#),
-            vec!["approved_inputs[0]"]
+            vec!["approved_inputs[0].extra"]
         );
         assert_eq!(
             fields(r#"{"run_id":7,"approved_inputs":[{"id":"a"}],"content":{}}"#),

@@ -24,8 +24,15 @@ pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
         Err(e) if e.classify() == serde_json::error::Category::Data => {
             Err(JsonError::NotIJson(e.to_string()))
         }
-        // serde_json refuses lone surrogates while parsing; I-JSON names them.
-        Err(e) if e.to_string().contains("surrogate") => Err(JsonError::NotIJson(e.to_string())),
+        // serde_json refuses a lone surrogate while parsing, with one of these
+        // two messages ("unexpected end of hex escape" arises only after a
+        // leading surrogate); I-JSON is what forbids it, so it is a 422.
+        Err(e)
+            if e.to_string().contains("surrogate")
+                || e.to_string().contains("unexpected end of hex escape") =>
+        {
+            Err(JsonError::NotIJson(e.to_string()))
+        }
         Err(e) => Err(JsonError::Syntax(e.to_string())),
     }
 }

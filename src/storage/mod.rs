@@ -4,6 +4,7 @@
 #[path = "../../schema.rs"]
 pub mod schema;
 
+pub mod catalog;
 pub mod errors;
 pub mod logins;
 pub mod migrations;

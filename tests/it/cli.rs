@@ -1,0 +1,135 @@
+//! The command line as an operator uses it: the real binary, a real database.
+
+use std::process::Command;
+
+use plan_intake::storage::MigrateOnOpen;
+
+use crate::support::TestDb;
+
+const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
+
+fn plan_intake(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("PLAN_INTAKE_LOG", "warn")
+        .output()
+        .expect("run plan-intake")
+}
+
+fn logins_add_prints_only_the_token_and_stores_only_its_hash(db: TestDb) {
+    let out = plan_intake(
+        &db,
+        &["logins", "add", "planner-a", "--permission", "plans:submit"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let token = stdout.strip_suffix('\n').expect("one line");
+    assert!(
+        !token.contains('\n'),
+        "stdout holds more than the token: {stdout:?}"
+    );
+    assert!(
+        token.starts_with("pit_") && token.len() == 4 + 64,
+        "{token}"
+    );
+    assert!(token[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    let rows = plan_intake::storage::logins::list(&mut conn).expect("list");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].token_hash, plan_intake::logins::token_hash(token));
+    assert!(!rows[0].token_hash.contains(&token[4..]));
+    let found = plan_intake::logins::authenticate(&mut conn, token).expect("lookup");
+    assert_eq!(found.map(|l| l.name), Some("planner-a".to_owned()));
+
+    let list = plan_intake(&db, &["logins", "list"]);
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listed.contains("planner-a") && !listed.contains(&token[4..]),
+        "{listed}"
+    );
+
+    let revoke = plan_intake(&db, &["logins", "revoke", "planner-a"]);
+    assert!(revoke.status.success());
+    assert_eq!(
+        plan_intake::logins::authenticate(&mut conn, token).expect("lookup"),
+        None
+    );
+}
+
+fn bad_input_is_one_line_and_a_non_zero_exit(db: TestDb) {
+    for args in [
+        &["logins", "add", "planner-a", "--permission", "admin"][..],
+        &["logins", "add", "bad name", "--permission", "plans:submit"][..],
+        &["logins", "revoke", "nobody"][..],
+    ] {
+        let out = plan_intake(&db, args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+    let out = Command::new(BIN)
+        .args(["migrate", "status", "--database-url", "mysql://localhost/x"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("unsupported database URL scheme"),
+        "{stderr}"
+    );
+}
+
+fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
+    let out = plan_intake(&db, &["serve", "--no-migrate", "--bind", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("pending") && stderr.contains("2026-11-30-000001_create_logins"),
+        "{stderr}"
+    );
+
+    let run = plan_intake(&db, &["migrate", "run"]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let status = plan_intake(&db, &["migrate", "status"]);
+    let listed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        listed.lines().all(|l| l.starts_with("applied")) && listed.lines().count() == 3,
+        "{listed}"
+    );
+}
+
+macro_rules! cli_on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name(crate::support::TestDb::sqlite())
+            }
+            #[test]
+            fn postgres() {
+                if let Some(db) = crate::support::TestDb::postgres() {
+                    super::$name(db)
+                }
+            }
+        }
+    )*};
+}
+
+cli_on_both_backends!(
+    logins_add_prints_only_the_token_and_stores_only_its_hash,
+    bad_input_is_one_line_and_a_non_zero_exit,
+    serve_no_migrate_refuses_a_database_with_pending_migrations,
+);

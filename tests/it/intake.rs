@@ -1,0 +1,343 @@
+//! `POST /v1/plans`: every outcome of the SPEC table, on both backends.
+
+use actix_web::http::StatusCode;
+use futures_util::future::join_all;
+use plan_intake::intake::Permission;
+use serde_json::{Value, json};
+
+use crate::on_both_backends;
+use crate::support::{TestApp, TestDb, get, plan_body, post_plan, send};
+
+on_both_backends!(
+    create_then_replay_returns_the_same_receipt,
+    same_key_with_other_body_is_refused,
+    new_key_for_a_kept_plan_is_already_received,
+    keys_are_scoped_per_maker,
+    concurrent_requests_with_one_key_keep_one_plan,
+    concurrent_requests_with_new_keys_and_one_content_keep_one_plan,
+    every_blank_run_is_refused_and_nothing_is_written,
+    claimed_permissions_and_maker_are_ignored,
+    a_key_conflict_leaves_no_plan_row_behind,
+);
+
+const PLANNER: &[Permission] = &[Permission::PlansSubmit];
+
+async fn create_then_replay_returns_the_same_receipt(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let created = send(&service, post_plan(&token, "key-1", &body)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    let receipt_id = created.body["receipt_id"]
+        .as_str()
+        .expect("receipt id")
+        .to_owned();
+    assert_eq!(created.body["outcome"], "created");
+    assert_eq!(created.body["maker"], "planner-a");
+    assert_eq!(created.body["run_id"], "run-1");
+    assert_eq!(
+        created.body["approved_inputs"],
+        json!(["forecast-v12", "prices-v3"])
+    );
+    assert_eq!(created.body["permissions"], json!(["plans:submit"]));
+    assert!(
+        created.body["content_hash"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("blake3:") && h.len() == 71)
+    );
+    assert_eq!(
+        created.header("location"),
+        Some(format!("/v1/receipts/{receipt_id}").as_str())
+    );
+    assert_eq!(created.header("idempotent-replayed"), None);
+
+    let replayed = send(&service, post_plan(&token, "key-1", &body)).await;
+    assert_eq!(replayed.status, StatusCode::OK);
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replayed.body["outcome"], "replayed");
+    assert_eq!(
+        without_outcome(&replayed.body),
+        without_outcome(&created.body)
+    );
+
+    // Other key order, other white space, the key as an RFC 8941 string.
+    let reordered = r#"{ "content" : {"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}], "marker":"x"},
+        "approved_inputs": [ {"digest":"blake3:00ff","id":"forecast-v12"}, {"id":"prices-v3"} ],
+        "run_id": "run-1" }"#;
+    let again = send(&service, post_plan(&token, "\"key-1\"", reordered)).await;
+    assert_eq!(again.status, StatusCode::OK, "{:?}", again.body);
+    assert_eq!(again.body["outcome"], "replayed");
+    assert_eq!(again.body["receipt_id"], receipt_id.as_str());
+
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}
+
+async fn same_key_with_other_body_is_refused(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+
+    let first = send(
+        &service,
+        post_plan(&token, "key-1", &plan_body("run-1", "x")),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for other in [plan_body("run-1", "y"), plan_body("run-2", "x")] {
+        let reused = send(&service, post_plan(&token, "key-1", &other)).await;
+        assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            reused.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert!(
+            reused.body["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/idempotency-key-reused")),
+            "{:?}",
+            reused.body
+        );
+    }
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}
+
+async fn new_key_for_a_kept_plan_is_already_received(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let created = send(&service, post_plan(&token, "key-1", &body)).await;
+    let again = send(&service, post_plan(&token, "key-2", &body)).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body["outcome"], "already_received");
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(without_outcome(&again.body), without_outcome(&created.body));
+
+    // The same content for another run is another plan.
+    let other_run = send(
+        &service,
+        post_plan(&token, "key-3", &plan_body("run-2", "x")),
+    )
+    .await;
+    assert_eq!(other_run.status, StatusCode::CREATED);
+    assert_eq!(other_run.body["content_hash"], created.body["content_hash"]);
+    assert_ne!(other_run.body["request_hash"], created.body["request_hash"]);
+    assert_eq!(app.count("plans"), 2);
+}
+
+async fn keys_are_scoped_per_maker(db: TestDb) {
+    let app = TestApp::new(db);
+    let a = app.login("planner-a", PLANNER);
+    let b = app.login("planner-b", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let from_a = send(&service, post_plan(&a, "shared-key", &body)).await;
+    let from_b = send(&service, post_plan(&b, "shared-key", &body)).await;
+    assert_eq!(from_a.status, StatusCode::CREATED);
+    assert_eq!(from_b.status, StatusCode::CREATED, "{:?}", from_b.body);
+    assert_eq!(from_b.body["maker"], "planner-b");
+    assert_ne!(from_a.body["receipt_id"], from_b.body["receipt_id"]);
+    assert_eq!(app.count("plans"), 2);
+    assert_eq!(app.count("intake_keys"), 2);
+}
+
+async fn concurrent_requests_with_one_key_keep_one_plan(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let answers =
+        join_all((0..32).map(|_| send(&service, post_plan(&token, "one-key", &body)))).await;
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(
+        created.len(),
+        1,
+        "statuses: {:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    let receipt_id = &created[0].body["receipt_id"];
+    for answer in answers.iter().filter(|a| a.status != StatusCode::CREATED) {
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+        assert_eq!(answer.body["outcome"], "replayed");
+        assert_eq!(&answer.body["receipt_id"], receipt_id);
+    }
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}
+
+async fn concurrent_requests_with_new_keys_and_one_content_keep_one_plan(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let answers =
+        join_all((0..32).map(|i| send(&service, post_plan(&token, &format!("key-{i}"), &body))))
+            .await;
+    let outcomes: Vec<_> = answers
+        .iter()
+        .map(|a| a.body["outcome"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "created").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == "already_received")
+            .count(),
+        31,
+        "{outcomes:?}"
+    );
+    let receipt_ids: std::collections::HashSet<_> = answers
+        .iter()
+        .map(|a| a.body["receipt_id"].to_string())
+        .collect();
+    assert_eq!(receipt_ids.len(), 1);
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}
+
+async fn every_blank_run_is_refused_and_nothing_is_written(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let rest = r#""approved_inputs":[{"id":"forecast-v12"}],"content":{"a":1}"#;
+    let bodies = [
+        format!("{{{rest}}}"),
+        format!(r#"{{"run_id":null,{rest}}}"#),
+        format!(r#"{{"run_id":"",{rest}}}"#),
+        format!(r#"{{"run_id":"   ",{rest}}}"#),
+        format!(r#"{{"run_id":"\t\n\u3000",{rest}}}"#),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let answer = send(&service, post_plan(&token, &format!("blank-{i}"), body)).await;
+        assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(
+            answer.body["errors"][0]["field"], "run_id",
+            "{body}: {:?}",
+            answer.body
+        );
+    }
+    assert_eq!(app.count("plans"), 0);
+    assert_eq!(app.count("intake_keys"), 0);
+}
+
+async fn claimed_permissions_and_maker_are_ignored(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = r#"{"run_id":"run-1","approved_inputs":[{"id":"in-1"}],"content":{"k":1},
+                   "permissions":["receipts:read","admin"],"maker":"planner-z"}"#;
+
+    let created = send(&service, post_plan(&token, "key-1", body)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    assert_eq!(created.body["maker"], "planner-a");
+    assert_eq!(created.body["permissions"], json!(["plans:submit"]));
+
+    let mut conn = app.conn();
+    let row = plan_intake::storage::plans::find_by_receipt(
+        &mut conn,
+        created.body["receipt_id"].as_str().unwrap_or_default(),
+    )
+    .expect("query")
+    .expect("row");
+    assert_eq!(row.maker, "planner-a");
+    assert_eq!(row.permissions, r#"["plans:submit"]"#);
+    // The claims are not part of what was kept either.
+    assert_eq!(row.content, r#"{"k":1}"#);
+
+    // The planner still cannot read what the claimed permission would allow.
+    let other = app.login("planner-b", PLANNER);
+    let theirs = send(
+        &service,
+        post_plan(&other, "key-b", &plan_body("run-b", "b")),
+    )
+    .await;
+    let peek = send(
+        &service,
+        get(
+            &token,
+            &format!(
+                "/v1/receipts/{}",
+                theirs.body["receipt_id"].as_str().unwrap_or_default()
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(peek.status, StatusCode::NOT_FOUND);
+}
+
+/// PITFALLS #1: were the key row's unique violation swallowed inside the
+/// transaction, Postgres would turn COMMIT into ROLLBACK and diesel would
+/// still report success: this call would return a plan that was never kept.
+async fn a_key_conflict_leaves_no_plan_row_behind(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let first = send(
+        &service,
+        post_plan(&token, "key-1", &plan_body("run-1", "x")),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let mut conn = app.conn();
+    let plan = plan_intake::storage::plans::find_by_receipt(
+        &mut conn,
+        first.body["receipt_id"].as_str().unwrap_or_default(),
+    )
+    .expect("query")
+    .map(|row| plan_intake::storage::plans::NewPlan {
+        receipt_id: "rcpt_second_attempt".to_owned(),
+        maker: row.maker,
+        run_id: "run-2".to_owned(),
+        content_hash: "blake3:other".to_owned(),
+        request_hash: "blake3:other".to_owned(),
+        content: row.content,
+        approved_inputs: row.approved_inputs,
+        permissions: row.permissions,
+        received_at: row.received_at,
+    })
+    .expect("first plan");
+    let result = plan_intake::storage::plans::insert_plan_with_key(&mut conn, &plan, "key-1");
+    assert!(
+        matches!(&result, Err(e) if plan_intake::storage::errors::is_unique_violation(e)),
+        "the key conflict must leave the transaction as an error, got {result:?}"
+    );
+    assert_eq!(
+        app.count("plans"),
+        1,
+        "the plan row of the failed transaction was kept"
+    );
+    assert_eq!(app.count("intake_keys"), 1);
+
+    // Through the service the same conflict is a 422, and nothing is added.
+    let reused = send(
+        &service,
+        post_plan(&token, "key-1", &plan_body("run-2", "x")),
+    )
+    .await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(app.count("plans"), 1);
+}
+
+fn without_outcome(receipt: &Value) -> Value {
+    let mut receipt = receipt.clone();
+    if let Some(map) = receipt.as_object_mut() {
+        map.remove("outcome");
+    }
+    receipt
+}

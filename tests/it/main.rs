@@ -1,0 +1,8 @@
+//! One integration binary (it links once). Every test runs against a real
+//! database: its own SQLite file or its own Postgres schema.
+
+mod access;
+mod cli;
+mod intake;
+mod schema;
+mod support;

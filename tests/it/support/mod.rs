@@ -1,0 +1,250 @@
+//! Real-database fixtures. Every test gets its own SQLite file or its own
+//! Postgres schema, built by the real migrations and removed on drop.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix_web::body::BoxBody;
+use actix_web::dev::{Service, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::HeaderMap;
+use actix_web::{App, test};
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection, RunQueryDsl};
+use plan_intake::config::HttpConfig;
+use plan_intake::http::{self, AppState};
+use plan_intake::intake::Permission;
+use plan_intake::storage::{Backend, Database, DbConn, MigrateOnOpen, PoolOptions};
+use serde_json::Value;
+
+/// Where the Postgres tests find a server: this variable, or the local default.
+pub const POSTGRES_URL_VAR: &str = "PLAN_INTAKE_TEST_POSTGRES_URL";
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// Set by `.ci/run`: an unreachable Postgres fails the run instead of skipping.
+pub const REQUIRE_POSTGRES_VAR: &str = "PLAN_INTAKE_REQUIRE_POSTGRES";
+
+pub fn postgres_base_url() -> String {
+    std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
+}
+
+/// Whether Postgres answers; checked once per test run. Skipping is loud,
+/// and a failure when `PLAN_INTAKE_REQUIRE_POSTGRES` is set.
+fn postgres_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| match PgConnection::establish(&postgres_base_url()) {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var_os(REQUIRE_POSTGRES_VAR).is_some() {
+                panic!("{REQUIRE_POSTGRES_VAR} is set but Postgres at {} is unreachable: {e}", postgres_base_url());
+            }
+            eprintln!(
+                "\n!!!!!!!!\n!!! SKIPPING every Postgres test: {} is unreachable ({e}).\n!!! Set {POSTGRES_URL_VAR} to a reachable server, or {REQUIRE_POSTGRES_VAR}=1 to fail instead.\n!!!!!!!!\n",
+                postgres_base_url()
+            );
+            false
+        }
+    })
+}
+
+/// A scratch database: a temp SQLite file, or a fresh schema in Postgres
+/// (selected through `search_path` in the URL). Removed on drop.
+pub struct TestDb {
+    pub backend: Backend,
+    pub url: String,
+    pub schema: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("intake.db");
+        Self {
+            backend: Backend::Sqlite,
+            url: format!("sqlite://{}", path.display()),
+            schema: None,
+            _dir: Some(dir),
+        }
+    }
+
+    /// None (after a loud note) when Postgres is unreachable and not required.
+    pub fn postgres() -> Option<Self> {
+        if !postgres_available() {
+            return None;
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let schema = format!(
+            "it_{}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let base = postgres_base_url();
+        let mut admin = PgConnection::establish(&base).expect("connect to Postgres");
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .expect("create test schema");
+        let separator = if base.contains('?') { '&' } else { '?' };
+        Some(Self {
+            backend: Backend::Postgres,
+            url: format!("{base}{separator}options=-csearch_path%3D{schema}"),
+            schema: Some(schema),
+            _dir: None,
+        })
+    }
+
+    /// Opens the database through the service's own code, migrating it first.
+    pub fn open(&self) -> Database {
+        self.open_with(MigrateOnOpen::Apply)
+    }
+
+    pub fn open_with(&self, migrate: MigrateOnOpen) -> Database {
+        let options = PoolOptions {
+            max_size: 40,
+            ..PoolOptions::default()
+        };
+        Database::open(&self.url, &options, migrate).expect("open test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(schema) = &self.schema
+            && let Ok(mut admin) = PgConnection::establish(&postgres_base_url())
+        {
+            let _ = admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
+    }
+}
+
+/// Runs `body(TestDb)` once on SQLite and once on Postgres, as two tests.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[actix_web::test]
+            async fn sqlite() {
+                super::$name($crate::support::TestDb::sqlite()).await
+            }
+            #[actix_web::test]
+            async fn postgres() {
+                if let Some(db) = $crate::support::TestDb::postgres() {
+                    super::$name(db).await
+                }
+            }
+        }
+    )*};
+}
+
+/// The service's routes over a migrated scratch database, with helpers to
+/// create logins and count rows.
+pub struct TestApp {
+    pub db: Database,
+    /// Held so the scratch database is removed only after the app is done with it.
+    _scratch: TestDb,
+}
+
+impl TestApp {
+    pub fn new(scratch: TestDb) -> Self {
+        Self {
+            db: scratch.open(),
+            _scratch: scratch,
+        }
+    }
+
+    pub async fn service(
+        &self,
+    ) -> impl Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
+    {
+        let state = AppState {
+            db: self.db.clone(),
+            http: HttpConfig::default(),
+        };
+        test::init_service(App::new().configure(http::configure(state))).await
+    }
+
+    pub fn login(&self, name: &str, permissions: &[Permission]) -> String {
+        let mut conn = self.db.conn().expect("connection");
+        plan_intake::logins::create(&mut conn, name, permissions).expect("create login")
+    }
+
+    pub fn conn(&self) -> plan_intake::storage::PooledConn {
+        self.db.conn().expect("connection")
+    }
+
+    pub fn count(&self, table: &str) -> i64 {
+        count_rows(&mut self.conn(), table)
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+pub fn count_rows(conn: &mut DbConn, table: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) AS n FROM {table}");
+    plan_intake::with_conn!(conn, c => diesel::sql_query(&sql).get_result::<Count>(c))
+        .expect("count rows")
+        .n
+}
+
+/// One HTTP answer, body parsed as JSON (Null when empty).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+pub async fn send<S>(app: &S, req: test::TestRequest) -> Answer
+where
+    S: Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>,
+{
+    let response = test::call_service(app, req.to_request()).await;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = test::read_body(response).await;
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("response body is JSON")
+    };
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub fn post_plan(token: &str, key: &str, body: &str) -> test::TestRequest {
+    test::TestRequest::post()
+        .uri("/v1/plans")
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .insert_header(("Idempotency-Key", key))
+        .insert_header(("Content-Type", "application/json"))
+        .set_payload(body.to_owned())
+}
+
+pub fn get(token: &str, uri: &str) -> test::TestRequest {
+    test::TestRequest::get()
+        .uri(uri)
+        .insert_header(("Authorization", format!("Bearer {token}")))
+}
+
+/// A valid body for `run`, whose content differs with `marker`.
+pub fn plan_body(run: &str, marker: &str) -> String {
+    serde_json::json!({
+        "run_id": run,
+        "approved_inputs": [{"id": "forecast-v12", "digest": "blake3:00ff"}, {"id": "prices-v3"}],
+        "content": {"marker": marker, "lines": [{"sku": "A-1", "qty": 3}, {"sku": "B-2", "qty": 1.5}]},
+    })
+    .to_string()
+}
