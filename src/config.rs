@@ -1,5 +1,6 @@
 //! The service's typed configuration, filled from flags and environment by `main`.
 
+use crate::intake::RetryPolicy;
 use crate::storage::PoolOptions;
 
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
@@ -26,6 +27,7 @@ pub struct ServeConfig {
     pub database_url: String,
     pub pool: PoolOptions,
     pub http: HttpConfig,
+    pub retry: RetryPolicy,
     /// Apply pending migrations at start (false: refuse to start while any are pending).
     pub migrate: bool,
 }

@@ -5,5 +5,6 @@ pub mod config;
 pub mod http;
 pub mod intake;
 pub mod logins;
+pub mod metrics;
 pub mod serve;
 pub mod storage;

@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, HttpConfig, ServeConfig,
 };
-use plan_intake::intake::Permission;
 use plan_intake::intake::receipt::format_timestamp;
+use plan_intake::intake::{Permission, RetryPolicy};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
 };
@@ -54,6 +54,22 @@ enum Command {
         /// Largest accepted request body in bytes (larger is a 413)
         #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT)]
         body_limit: usize,
+        /// Attempts in all for a write that fails transiently (deadlock, busy, lost connection)
+        #[arg(long, env = "PLAN_INTAKE_RETRY_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+        retry_attempts: u32,
+        /// Cap of the first retry's random delay, in ms; doubles per retry
+        #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = 10)]
+        retry_base_delay_ms: u64,
+        /// No retry waits longer than this, in ms
+        #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = 500)]
+        retry_max_delay_ms: u64,
+        /// How long a SQLite write waits for the lock before failing as busy, in ms
+        #[arg(
+            long,
+            env = "PLAN_INTAKE_SQLITE_BUSY_TIMEOUT_MS",
+            default_value_t = 5000
+        )]
+        sqlite_busy_timeout_ms: u64,
     },
     /// Apply or inspect migrations
     Migrate {
@@ -126,15 +142,24 @@ fn run(command: Command) -> Result<(), String> {
             pool_size,
             checkout_timeout_ms,
             body_limit,
+            retry_attempts,
+            retry_base_delay_ms,
+            retry_max_delay_ms,
+            sqlite_busy_timeout_ms,
         } => serve::run(ServeConfig {
             bind,
             database_url: db.database_url,
             pool: PoolOptions {
                 max_size: pool_size,
                 checkout_timeout: Duration::from_millis(checkout_timeout_ms),
-                ..PoolOptions::default()
+                sqlite_busy_timeout: Duration::from_millis(sqlite_busy_timeout_ms),
             },
             http: HttpConfig { body_limit },
+            retry: RetryPolicy {
+                max_attempts: retry_attempts,
+                base_delay: Duration::from_millis(retry_base_delay_ms),
+                max_delay: Duration::from_millis(retry_max_delay_ms),
+            },
             migrate: !no_migrate,
         })
         .map_err(|e| e.to_string()),

@@ -4,6 +4,8 @@ use actix_web::{App, HttpServer};
 
 use crate::config::ServeConfig;
 use crate::http::{self, AppState};
+use crate::intake::Intake;
+use crate::metrics::Metrics;
 use crate::storage::{Database, MigrateOnOpen, StorageError};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +37,7 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         "plan-intake starting"
     );
     let state = AppState {
-        db,
+        intake: Intake::new(db, config.retry.clone(), Metrics::new()),
         http: config.http.clone(),
     };
     actix_web::rt::System::new().block_on(async move {

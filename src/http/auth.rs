@@ -11,8 +11,8 @@ use crate::logins::{self, LoginError};
 pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
     let token = bearer_token(req)?.to_owned();
     let found = state
-        .blocking(move |db| -> Result<Option<Login>, LoginError> {
-            let mut conn = db.conn()?;
+        .blocking(move |intake| -> Result<Option<Login>, LoginError> {
+            let mut conn = intake.db.conn()?;
             logins::authenticate(&mut conn, &token)
         })
         .await;

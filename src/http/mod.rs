@@ -10,13 +10,13 @@ mod receipts;
 use actix_web::{HttpResponse, web};
 
 use crate::config::HttpConfig;
-use crate::storage::Database;
+use crate::intake::Intake;
 pub use problem::ApiError;
 
 /// What every handler shares. Cloned per worker; holds no request state.
 #[derive(Clone)]
 pub struct AppState {
-    pub db: Database,
+    pub intake: Intake,
     pub http: HttpConfig,
 }
 
@@ -25,12 +25,12 @@ impl AppState {
     /// that waits pins only a blocking thread.
     pub(crate) async fn blocking<T, E, F>(&self, work: F) -> Result<T, ApiError>
     where
-        F: FnOnce(&Database) -> Result<T, E> + Send + 'static,
+        F: FnOnce(&Intake) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: Into<ApiError> + Send + 'static,
     {
-        let db = self.db.clone();
-        match web::block(move || work(&db)).await {
+        let intake = self.intake.clone();
+        match web::block(move || work(&intake)).await {
             Ok(result) => result.map_err(Into::into),
             Err(e) => Err(ApiError::Internal(format!("blocking task failed: {e}"))),
         }
@@ -48,12 +48,19 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::get().to(receipts::get_receipt),
             )
             .route("/healthz", web::get().to(healthz))
+            .route("/metrics", web::get().to(metrics))
             .default_service(web::to(not_found));
     }
 }
 
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.intake.metrics.render())
 }
 
 async fn not_found() -> Result<HttpResponse, ApiError> {

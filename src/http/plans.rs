@@ -5,7 +5,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::receipts::readable_plan;
 use super::{ApiError, AppState, auth};
-use crate::intake::{self, IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
+use crate::intake::{IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -26,7 +26,7 @@ pub async fn submit_plan(
     let submission = body::parse(&bytes)?;
 
     let accepted = state
-        .blocking(move |db| intake::submit(db, &login, &key, &submission))
+        .blocking(move |intake| intake.submit(&login, &key, &submission))
         .await?;
     let receipt = Receipt::from_row(&accepted.plan, Some(accepted.outcome.as_str()))?;
     Ok(match accepted.outcome {

@@ -170,6 +170,9 @@ impl From<SubmitError> for ApiError {
         match error {
             SubmitError::KeyReused => ApiError::KeyReused,
             SubmitError::Storage(e) => e.into(),
+            e @ (SubmitError::RetriesExhausted { .. } | SubmitError::CommitUnknown { .. }) => {
+                ApiError::Unavailable(e.to_string())
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }

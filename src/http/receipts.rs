@@ -32,8 +32,8 @@ pub(super) async fn readable_plan(
     }
     let row = state
         .blocking(
-            move |db| -> Result<Option<PlanRow>, crate::storage::StorageError> {
-                let mut conn = db.conn()?;
+            move |intake| -> Result<Option<PlanRow>, crate::storage::StorageError> {
+                let mut conn = intake.db.conn()?;
                 Ok(plans::find_by_receipt(&mut conn, &receipt_id)?)
             },
         )

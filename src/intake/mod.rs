@@ -7,10 +7,12 @@ pub mod idempotency_key;
 pub mod ijson;
 pub mod login;
 pub mod receipt;
+pub mod retry;
 pub mod submit;
 
 pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
 pub use login::{Login, Permission};
 pub use receipt::{PlanView, Receipt};
-pub use submit::{Accepted, Outcome, SubmitError, submit};
+pub use retry::RetryPolicy;
+pub use submit::{Accepted, Intake, Outcome, SubmitError};

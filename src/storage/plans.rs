@@ -1,5 +1,7 @@
 //! The `plans` and `intake_keys` tables: the two-row write and its lookups.
 
+use std::cell::Cell;
+
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
@@ -49,6 +51,41 @@ struct NewIntakeKey<'a> {
     created_at: NaiveDateTime,
 }
 
+impl NewPlan {
+    /// True when `row` is exactly this plan as written: its own receipt id
+    /// and every column. A row that merely shares the key is another attempt's.
+    pub fn is_stored_as(&self, row: &PlanRow) -> bool {
+        let NewPlan {
+            receipt_id,
+            maker,
+            run_id,
+            content_hash,
+            request_hash,
+            content,
+            approved_inputs,
+            permissions,
+            received_at,
+        } = self;
+        *receipt_id == row.receipt_id
+            && *maker == row.maker
+            && *run_id == row.run_id
+            && *content_hash == row.content_hash
+            && *request_hash == row.request_hash
+            && *content == row.content
+            && *approved_inputs == row.approved_inputs
+            && *permissions == row.permissions
+            && *received_at == row.received_at
+    }
+}
+
+/// A failed two-row write, and whether the transaction's body had finished:
+/// if so, the error came from COMMIT and its outcome is unknown.
+#[derive(Debug)]
+pub struct WriteFailure {
+    pub error: diesel::result::Error,
+    pub commit_sent: bool,
+}
+
 /// Writes the plan row and its key row in one transaction: both or neither.
 ///
 /// Errors leave the closure untouched: a unique violation swallowed inside a
@@ -57,7 +94,10 @@ pub fn insert_plan_with_key(
     conn: &mut DbConn,
     plan: &NewPlan,
     idempotency_key: &str,
-) -> QueryResult<PlanRow> {
+) -> Result<PlanRow, WriteFailure> {
+    // Set as the body's last step: diesel reports a connection cut during the
+    // body and one during COMMIT with the same error.
+    let body_done = Cell::new(false);
     write_transaction!(conn, c => {
         let row: PlanRow = diesel::insert_into(plans::table)
             .values(plan)
@@ -72,7 +112,12 @@ pub fn insert_plan_with_key(
                 created_at: plan.received_at,
             })
             .execute(c)?;
+        body_done.set(true);
         Ok(row)
+    })
+    .map_err(|error| WriteFailure {
+        error,
+        commit_sent: body_done.get(),
     })
 }
 

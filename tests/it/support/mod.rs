@@ -13,7 +13,8 @@ use diesel::connection::SimpleConnection;
 use diesel::{Connection, PgConnection, RunQueryDsl};
 use plan_intake::config::HttpConfig;
 use plan_intake::http::{self, AppState};
-use plan_intake::intake::Permission;
+use plan_intake::intake::{Intake, Permission, RetryPolicy};
+use plan_intake::metrics::Metrics;
 use plan_intake::storage::{Backend, Database, DbConn, MigrateOnOpen, PoolOptions};
 use serde_json::Value;
 
@@ -140,14 +141,17 @@ macro_rules! on_both_backends {
 /// create logins and count rows.
 pub struct TestApp {
     pub db: Database,
+    pub intake: Intake,
     /// Held so the scratch database is removed only after the app is done with it.
     _scratch: TestDb,
 }
 
 impl TestApp {
     pub fn new(scratch: TestDb) -> Self {
+        let db = scratch.open();
         Self {
-            db: scratch.open(),
+            intake: Intake::new(db.clone(), RetryPolicy::default(), Metrics::new()),
+            db,
             _scratch: scratch,
         }
     }
@@ -157,7 +161,7 @@ impl TestApp {
     ) -> impl Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
     {
         let state = AppState {
-            db: self.db.clone(),
+            intake: self.intake.clone(),
             http: HttpConfig::default(),
         };
         test::init_service(App::new().configure(http::configure(state))).await
