@@ -86,12 +86,6 @@ pub struct Intake {
     pub metrics: Metrics,
 }
 
-/// What the re-read after an unknown COMMIT found.
-enum Settled {
-    Done(Result<Accepted, SubmitError>),
-    NotLanded,
-}
-
 impl Intake {
     pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
         Self { db, retry, metrics }
@@ -155,14 +149,14 @@ impl Intake {
                 FailureClass::UnknownOutcome => {
                     drop(conn);
                     tracing::warn!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "COMMIT outcome unknown; re-reading");
+                    // Ok(None): nothing under the key, so it did not land.
                     match self.settle_unknown_commit(login, key, attempt, &plan, &failure.error) {
-                        Settled::Done(result) => return result,
-                        Settled::NotLanded
-                            if reinsert_allowed || attempt < self.retry.max_attempts =>
-                        {
+                        Ok(Some(accepted)) => return Ok(accepted),
+                        Err(e) => return Err(e),
+                        Ok(None) if reinsert_allowed || attempt < self.retry.max_attempts => {
                             reinsert_allowed = false;
                         }
-                        Settled::NotLanded => {
+                        Ok(None) => {
                             return Err(SubmitError::RetriesExhausted {
                                 attempts: attempt,
                                 last: failure.error.to_string(),
@@ -191,7 +185,7 @@ impl Intake {
         attempt: u32,
         plan: &NewPlan,
         commit_error: &diesel::result::Error,
-    ) -> Settled {
+    ) -> Result<Option<Accepted>, SubmitError> {
         let reread = self.db.conn().and_then(|mut conn| {
             plans::find_by_key(&mut conn, &plan.maker, key.as_str()).map_err(StorageError::from)
         });
@@ -200,24 +194,24 @@ impl Intake {
                 tracing::error!(maker = %login.name, key = key.as_str(), attempt, error = %e, "re-read after unknown COMMIT failed; writing nothing more");
                 (
                     UnknownCommitBranch::RereadFailed,
-                    Settled::Done(Err(SubmitError::CommitUnknown {
+                    Err(SubmitError::CommitUnknown {
                         commit_error: commit_error.to_string(),
                         reread_error: e.to_string(),
-                    })),
+                    }),
                 )
             }
-            Ok(None) => (UnknownCommitBranch::NotLanded, Settled::NotLanded),
+            Ok(None) => (UnknownCommitBranch::NotLanded, Ok(None)),
             Ok(Some((request_hash, row)))
                 if request_hash == plan.request_hash && plan.is_stored_as(&row) =>
             {
                 (
                     UnknownCommitBranch::Landed,
-                    Settled::Done(Ok(accepted(Outcome::Created, row))),
+                    Ok(Some(accepted(Outcome::Created, row))),
                 )
             }
             Ok(Some((request_hash, row))) => (
                 UnknownCommitBranch::OtherRow,
-                Settled::Done(replay_or_refuse(&request_hash, plan, row)),
+                replay_or_refuse(&request_hash, plan, row).map(Some),
             ),
         };
         let (branch, settled) = branch_and_result;
