@@ -3,6 +3,7 @@
 
 mod access;
 mod cli;
+mod faults;
 mod intake;
 mod schema;
 mod support;

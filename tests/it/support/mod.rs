@@ -1,6 +1,8 @@
 //! Real-database fixtures. Every test gets its own SQLite file or its own
 //! Postgres schema, built by the real migrations and removed on drop.
 
+pub mod proxy;
+
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -94,6 +96,17 @@ impl TestDb {
         })
     }
 
+    /// This Postgres scratch URL with server settings added (`-c name=value`)
+    /// and the schema as `application_name`, so its sessions can be found.
+    pub fn postgres_url_with(&self, settings: &[(&str, &str)]) -> String {
+        let schema = self.schema.as_deref().expect("a Postgres scratch database");
+        let extra: String = settings
+            .iter()
+            .map(|(name, value)| format!("%20-c{name}%3D{value}"))
+            .collect();
+        format!("{}{extra}&application_name={schema}", self.url)
+    }
+
     /// Opens the database through the service's own code, migrating it first.
     pub fn open(&self) -> Database {
         self.open_with(MigrateOnOpen::Apply)
@@ -137,10 +150,33 @@ macro_rules! on_both_backends {
     )*};
 }
 
+/// How the service under test reaches its database.
+pub struct AppOptions {
+    pub pool: PoolOptions,
+    pub retry: RetryPolicy,
+    /// Another URL for the same scratch database (a fault proxy, extra settings).
+    pub url: Option<String>,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            pool: PoolOptions {
+                max_size: 40,
+                ..PoolOptions::default()
+            },
+            retry: RetryPolicy::default(),
+            url: None,
+        }
+    }
+}
+
 /// The service's routes over a migrated scratch database, with helpers to
 /// create logins and count rows.
 pub struct TestApp {
-    pub db: Database,
+    /// Straight to the database (never through a fault proxy): for setup and counting.
+    pub direct: Database,
+    /// The service's write path, over `AppOptions::url` when one is given.
     pub intake: Intake,
     /// Held so the scratch database is removed only after the app is done with it.
     _scratch: TestDb,
@@ -148,32 +184,55 @@ pub struct TestApp {
 
 impl TestApp {
     pub fn new(scratch: TestDb) -> Self {
-        let db = scratch.open();
+        Self::with(scratch, AppOptions::default())
+    }
+
+    pub fn with(scratch: TestDb, options: AppOptions) -> Self {
+        let direct = scratch.open();
+        let service_db = match &options.url {
+            Some(url) => Database::open(url, &options.pool, MigrateOnOpen::Skip)
+                .expect("open the service's database"),
+            None => Database::open(&scratch.url, &options.pool, MigrateOnOpen::Skip)
+                .expect("open the service's database"),
+        };
         Self {
-            intake: Intake::new(db.clone(), RetryPolicy::default(), Metrics::new()),
-            db,
+            intake: Intake::new(service_db, options.retry, Metrics::new()),
+            direct,
             _scratch: scratch,
         }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.intake.metrics
     }
 
     pub async fn service(
         &self,
     ) -> impl Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
     {
+        self.service_with(self.intake.clone()).await
+    }
+
+    /// The routes over another write path (say, another retry policy).
+    pub async fn service_with(
+        &self,
+        intake: Intake,
+    ) -> impl Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
+    {
         let state = AppState {
-            intake: self.intake.clone(),
+            intake,
             http: HttpConfig::default(),
         };
         test::init_service(App::new().configure(http::configure(state))).await
     }
 
     pub fn login(&self, name: &str, permissions: &[Permission]) -> String {
-        let mut conn = self.db.conn().expect("connection");
+        let mut conn = self.direct.conn().expect("connection");
         plan_intake::logins::create(&mut conn, name, permissions).expect("create login")
     }
 
     pub fn conn(&self) -> plan_intake::storage::PooledConn {
-        self.db.conn().expect("connection")
+        self.direct.conn().expect("connection")
     }
 
     pub fn count(&self, table: &str) -> i64 {
@@ -251,4 +310,46 @@ pub fn plan_body(run: &str, marker: &str) -> String {
         "content": {"marker": marker, "lines": [{"sku": "A-1", "qty": 3}, {"sku": "B-2", "qty": 1.5}]},
     })
     .to_string()
+}
+
+/// One number from `sql` (a query returning a single bigint column `n`).
+pub fn scalar(conn: &mut DbConn, sql: &str) -> i64 {
+    plan_intake::with_conn!(conn, c => diesel::sql_query(sql).get_result::<Count>(c))
+        .expect("scalar query")
+        .n
+}
+
+/// Polls `condition` until it holds: synchronization on an observable state
+/// (a lock wait, a counter), never a fixed sleep. Fails after 20 s.
+pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// A plan as the service would store it for `body` sent by `maker`, under
+/// another attempt's receipt id: for writing around the service.
+pub fn competing_plan(maker: &str, body: &str) -> plan_intake::storage::plans::NewPlan {
+    let submission = plan_intake::intake::body::parse(body.as_bytes()).expect("valid body");
+    let parts = plan_intake::intake::hashing::canonicalize(&submission).expect("canonical");
+    plan_intake::storage::plans::NewPlan {
+        receipt_id: format!("rcpt_competitor_{:08x}", rand::random::<u32>()),
+        maker: maker.to_owned(),
+        run_id: submission.run_id.as_str().to_owned(),
+        content_hash: parts.hashes.content_hash,
+        request_hash: parts.hashes.request_hash,
+        content: parts.content,
+        approved_inputs: parts.approved_inputs,
+        permissions: r#"["plans:submit"]"#.to_owned(),
+        received_at: plan_intake::intake::submit::now_micros(),
+    }
+}
+
+pub fn execute_batch(conn: &mut DbConn, sql: &str) {
+    plan_intake::with_conn!(conn, c => c.batch_execute(sql)).expect("execute batch");
 }

@@ -1,0 +1,452 @@
+//! Failures caused on purpose, not raced for: a proxy that cuts the
+//! connection around COMMIT, a statement timeout inside COMMIT, a real
+//! deadlock, a real lock timeout and a real SQLITE_BUSY.
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::web;
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection, SqliteConnection};
+use plan_intake::intake::{Intake, Permission, RetryPolicy};
+use plan_intake::metrics::{Metrics, UnknownCommitBranch};
+use plan_intake::storage::PoolOptions;
+
+use crate::support::proxy::{Fault, FaultProxy, upstream_of};
+use crate::support::{
+    AppOptions, TestApp, TestDb, competing_plan, plan_body, post_plan, scalar, send, wait_until,
+};
+
+const PLANNER: &[Permission] = &[Permission::PlansSubmit];
+
+/// A Postgres scratch database whose service connections pass through a
+/// fault proxy; `checkout_timeout` is short so a refused re-read fails fast.
+fn behind_proxy() -> Option<(TestApp, FaultProxy, String)> {
+    let scratch = TestDb::postgres()?;
+    let upstream = upstream_of(&scratch.url);
+    let proxy = FaultProxy::start(upstream.clone());
+    let direct_url = scratch.url.clone();
+    let url = proxy.url_for(&scratch.postgres_url_with(&[]), &upstream);
+    let options = AppOptions {
+        url: Some(url),
+        pool: PoolOptions {
+            max_size: 4,
+            checkout_timeout: Duration::from_millis(300),
+            ..PoolOptions::default()
+        },
+        ..AppOptions::default()
+    };
+    Some((TestApp::with(scratch, options), proxy, direct_url))
+}
+
+#[actix_web::test]
+async fn cut_before_commit_is_forwarded_ends_201_with_one_plan() {
+    let Some((app, proxy, _)) = behind_proxy() else {
+        return;
+    };
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    proxy.arm(Fault::CutBeforeCommit, false, None);
+
+    let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(proxy.fired(), vec![Fault::CutBeforeCommit]);
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+    assert_eq!(
+        app.metrics()
+            .unknown_commit_count(UnknownCommitBranch::NotLanded),
+        1
+    );
+    let stored = plan_intake::storage::plans::find_by_receipt(
+        &mut app.conn(),
+        answer.body["receipt_id"].as_str().unwrap_or_default(),
+    )
+    .expect("query");
+    assert!(stored.is_some(), "the 201's receipt is the one kept");
+}
+
+#[actix_web::test]
+async fn cut_after_commit_landed_answers_the_receipt_that_landed() {
+    let Some((app, proxy, _)) = behind_proxy() else {
+        return;
+    };
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    proxy.arm(Fault::CutAfterCommit, false, None);
+
+    let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(proxy.fired(), vec![Fault::CutAfterCommit]);
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert_eq!(answer.body["outcome"], "created");
+    assert_eq!(
+        app.count("plans"),
+        1,
+        "a landed COMMIT must not be written twice"
+    );
+    assert_eq!(
+        app.metrics()
+            .unknown_commit_count(UnknownCommitBranch::Landed),
+        1
+    );
+    assert_eq!(
+        app.metrics()
+            .unknown_commit_count(UnknownCommitBranch::NotLanded),
+        0
+    );
+    let stored = plan_intake::storage::plans::find_by_receipt(
+        &mut app.conn(),
+        answer.body["receipt_id"].as_str().unwrap_or_default(),
+    )
+    .expect("query");
+    assert!(stored.is_some(), "the answer names the row that landed");
+}
+
+/// While our COMMIT is lost, another attempt under the same key commits.
+/// The re-read finds its row: never claimed as ours, resolved by hash.
+#[actix_web::test]
+async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
+    for (other_body, expected) in [
+        (plan_body("run-1", "x"), StatusCode::OK),
+        (
+            plan_body("run-1", "other"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let Some((app, proxy, direct_url)) = behind_proxy() else {
+            return;
+        };
+        let token = app.login("planner-a", PLANNER);
+        let service = app.service().await;
+        let competitor = competing_plan("planner-a", &other_body);
+        let competitor_receipt = competitor.receipt_id.clone();
+        let hook = Box::new(move || {
+            let mut conn = plan_intake::storage::DbConn::Postgres(
+                PgConnection::establish(&direct_url).expect("connect"),
+            );
+            plan_intake::storage::plans::insert_plan_with_key(&mut conn, &competitor, "k")
+                .expect("the other attempt commits");
+        });
+        proxy.arm(Fault::CutBeforeCommit, false, Some(hook));
+
+        let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+        assert_eq!(answer.status, expected, "{:?}", answer.body);
+        if expected == StatusCode::OK {
+            assert_eq!(answer.body["outcome"], "replayed");
+            assert_eq!(
+                answer.body["receipt_id"],
+                competitor_receipt.as_str(),
+                "the other attempt's receipt, not ours"
+            );
+        } else {
+            assert!(
+                answer.body["type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("/idempotency-key-reused"))
+            );
+        }
+        assert_eq!(
+            app.metrics()
+                .unknown_commit_count(UnknownCommitBranch::OtherRow),
+            1
+        );
+        assert_eq!(app.count("plans"), 1);
+        assert_eq!(app.count("intake_keys"), 1);
+    }
+}
+
+#[actix_web::test]
+async fn failed_reread_answers_503_and_a_later_retry_gets_the_one_receipt() {
+    let Some((app, proxy, _)) = behind_proxy() else {
+        return;
+    };
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+    proxy.arm(Fault::CutAfterCommit, true, None);
+
+    let answer = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        answer.body
+    );
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(
+        app.metrics()
+            .unknown_commit_count(UnknownCommitBranch::RereadFailed),
+        1
+    );
+    assert_eq!(app.count("plans"), 1, "the landed plan, and no second one");
+
+    proxy.heal();
+    let retry = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(retry.status, StatusCode::OK, "{:?}", retry.body);
+    assert_eq!(retry.body["outcome"], "replayed");
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}
+
+/// A deferred trigger holds the first COMMIT open; the server then cancels
+/// that COMMIT (57014, as a statement timeout would). That is an unknown
+/// outcome to be re-read, not a rollback to be assumed. (PostgreSQL 15 does
+/// not arm `statement_timeout` for COMMIT itself, checked by hand: the cancel
+/// comes from `pg_cancel_backend`, with the same SQLSTATE.)
+#[actix_web::test]
+async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let schema = scratch.schema.clone().unwrap_or_default();
+    let url = scratch.postgres_url_with(&[]);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(url),
+            ..AppOptions::default()
+        },
+    );
+    crate::support::execute_batch(
+        &mut app.conn(),
+        "CREATE SEQUENCE slow_commit_seq;
+         CREATE FUNCTION slow_commit_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('slow_commit_seq') = 1 THEN PERFORM pg_sleep(60); END IF;
+             RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON intake_keys
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit_once();",
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+
+    let committing = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity
+          WHERE application_name = '{schema}' AND state = 'active' AND query = 'COMMIT'"
+    );
+    let cancel = format!(
+        "SELECT COUNT(pg_cancel_backend(pid)) AS n FROM pg_stat_activity
+          WHERE application_name = '{schema}' AND state = 'active' AND query = 'COMMIT'"
+    );
+    let cancel_the_commit = async {
+        wait_until("the service is inside COMMIT", || {
+            scalar(&mut app.conn(), &committing) == 1
+        })
+        .await;
+        assert_eq!(scalar(&mut app.conn(), &cancel), 1);
+    };
+    let (answer, ()) = futures_util::join!(
+        send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))),
+        cancel_the_commit
+    );
+
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert_eq!(
+        app.metrics()
+            .unknown_commit_count(UnknownCommitBranch::NotLanded),
+        1
+    );
+    assert_eq!(
+        app.metrics().retry_count("statement_cancelled"),
+        0,
+        "a cancelled COMMIT is not a plain retry"
+    );
+    assert_eq!(app.count("plans"), 1);
+}
+
+/// Our transaction holds plan X and waits for key K; the blocker holds K and
+/// then asks for X. Postgres breaks the cycle by aborting ours (it waited
+/// first); the service retries the whole transaction.
+#[actix_web::test]
+async fn a_real_deadlock_is_retried_and_counted() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let schema = scratch.schema.clone().unwrap_or_default();
+    let direct_url = scratch.url.clone();
+    let url = scratch.postgres_url_with(&[]);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(url),
+            ..AppOptions::default()
+        },
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+    let same_plan = competing_plan("planner-a", &body);
+
+    let mut blocker = PgConnection::establish(&direct_url).expect("connect");
+    blocker
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
+                  VALUES ('rcpt_blocker', 'planner-a', 'blocker-run', 'h', 'h', '{}', '[]', '[]', now());
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+                  SELECT 'planner-a', 'k', 'h', id, now() FROM plans WHERE receipt_id = 'rcpt_blocker';",
+        )
+        .expect("blocker holds the key");
+
+    let waiting = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
+    );
+    let close_the_cycle = async {
+        wait_until("the service waits for the key", || {
+            scalar(&mut app.conn(), &waiting) >= 1
+        })
+        .await;
+        let sql = format!(
+            "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
+                  VALUES ('rcpt_blocker_2', 'planner-a', 'run-1', '{}', 'h', '{{}}', '[]', '[]', now())",
+            same_plan.content_hash
+        );
+        web::block(move || {
+            let result = blocker.batch_execute(&sql);
+            blocker.batch_execute("ROLLBACK").expect("rollback");
+            result
+        })
+        .await
+        .expect("blocking")
+    };
+    let (answer, blocker_insert) = futures_util::join!(
+        send(&service, post_plan(&token, "k", &body)),
+        close_the_cycle
+    );
+
+    assert!(
+        blocker_insert.is_ok(),
+        "Postgres chose the blocker as the victim: {blocker_insert:?}"
+    );
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert!(
+        app.metrics().retry_count("deadlock") >= 1,
+        "the deadlock was not retried"
+    );
+    assert_eq!(app.count("plans"), 1);
+}
+
+/// A lock held past the whole retry budget: each attempt times out, is
+/// retried and counted; then 503, and nothing is written.
+#[actix_web::test]
+async fn a_lock_that_outlives_the_retry_budget_answers_503_and_writes_nothing() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let url = scratch.postgres_url_with(&[("lock_timeout", "100")]);
+    let retry = RetryPolicy {
+        max_attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    };
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(url),
+            retry,
+            ..AppOptions::default()
+        },
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+
+    let mut blocker = PgConnection::establish(&direct_url).expect("connect");
+    blocker
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
+                  VALUES ('rcpt_blocker', 'planner-a', 'blocker-run', 'h', 'h', '{}', '[]', '[]', now());
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+                  SELECT 'planner-a', 'k', 'h', id, now() FROM plans WHERE receipt_id = 'rcpt_blocker';",
+        )
+        .expect("blocker holds the key");
+
+    let answer = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        answer.body
+    );
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(app.metrics().retry_count("lock_timeout"), 2);
+    assert_eq!(app.metrics().outcome_count("unavailable"), 1);
+    blocker.batch_execute("ROLLBACK").expect("rollback");
+    assert_eq!(app.count("plans"), 0);
+    assert_eq!(app.count("intake_keys"), 0);
+
+    let later = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(later.status, StatusCode::CREATED);
+}
+
+/// A second connection holds SQLite's write lock: `BEGIN IMMEDIATE` meets
+/// SQLITE_BUSY after the busy timeout, and the write is retried.
+#[actix_web::test]
+async fn sqlite_busy_is_retried_and_counted_then_503_when_the_lock_outlives_the_budget() {
+    let scratch = TestDb::sqlite();
+    let path = scratch.url.trim_start_matches("sqlite://").to_owned();
+    let options = AppOptions {
+        pool: PoolOptions {
+            max_size: 4,
+            sqlite_busy_timeout: Duration::from_millis(20),
+            ..PoolOptions::default()
+        },
+        retry: RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        },
+        url: None,
+    };
+    let app = TestApp::with(scratch, options);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+
+    let mut holder = SqliteConnection::establish(&path).expect("open");
+    holder
+        .batch_execute("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+
+    let answer = send(&service, post_plan(&token, "k1", &plan_body("run-1", "x"))).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        answer.body
+    );
+    assert_eq!(app.metrics().retry_count("sqlite_busy"), 2);
+    assert_eq!(app.count("plans"), 0);
+
+    // A patient write path, and a lock released once it has been retried.
+    let patient = Intake::new(
+        app.intake.db.clone(),
+        RetryPolicy {
+            max_attempts: 1000,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        },
+        Metrics::new(),
+    );
+    let metrics = patient.metrics.clone();
+    let patient_service = app.service_with(patient).await;
+    let release = async {
+        wait_until("a busy write was retried", || {
+            metrics.retry_count("sqlite_busy") >= 1
+        })
+        .await;
+        holder.batch_execute("ROLLBACK").expect("release the lock");
+    };
+    let (answer, ()) = futures_util::join!(
+        send(
+            &patient_service,
+            post_plan(&token, "k2", &plan_body("run-2", "y"))
+        ),
+        release
+    );
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert!(metrics.retry_count("sqlite_busy") >= 1);
+    assert_eq!(app.count("plans"), 1);
+}
