@@ -1,6 +1,7 @@
 //! The command line: `serve`, `migrate`, `logins`. Informational output goes
 //! to stderr; an error is one line and a non-zero exit.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -130,6 +131,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

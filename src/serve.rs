@@ -47,6 +47,9 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
                 bind: config.bind.clone(),
                 source,
             })?;
+        for addr in server.addrs() {
+            tracing::info!(%addr, "listening");
+        }
         server.run().await.map_err(ServeError::Server)
     })
 }

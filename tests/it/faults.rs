@@ -223,14 +223,14 @@ async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
 
     let committing = format!(
         "SELECT COUNT(*) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND state = 'active' AND query = 'COMMIT'"
+          WHERE application_name = '{schema}' AND query = 'COMMIT' AND wait_event = 'PgSleep'"
     );
     let cancel = format!(
         "SELECT COUNT(pg_cancel_backend(pid)) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND state = 'active' AND query = 'COMMIT'"
+          WHERE application_name = '{schema}' AND query = 'COMMIT' AND wait_event = 'PgSleep'"
     );
     let cancel_the_commit = async {
-        wait_until("the service is inside COMMIT", || {
+        wait_until("the service sleeps inside COMMIT", || {
             scalar(&mut app.conn(), &committing) == 1
         })
         .await;

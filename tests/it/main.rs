@@ -5,5 +5,6 @@ mod access;
 mod cli;
 mod faults;
 mod intake;
+mod processes;
 mod schema;
 mod support;

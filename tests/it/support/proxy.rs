@@ -64,6 +64,10 @@ impl FaultProxy {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 };
+                // Messages are forwarded one by one: without NODELAY, Nagle and
+                // delayed ACKs add tens of milliseconds to every round trip.
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
                 Session::start(client, server, Arc::clone(&accept_shared));
             }
         });

@@ -1,0 +1,176 @@
+//! Real OS processes: a service killed with SIGKILL under load, and two
+//! services racing for one key on one Postgres.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+
+use plan_intake::intake::Permission;
+
+use crate::support::process::{ServeProcess, client, post_plan};
+use crate::support::{TestApp, TestDb, plan_body, scalar};
+
+const CLIENTS: usize = 8;
+
+/// What one client sent and what it heard.
+struct Sent {
+    key: String,
+    body: String,
+    created_receipt: Option<String>,
+}
+
+fn kill_9_under_load_then_restart_keeps_every_receipt_once(scratch: TestDb) {
+    let url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let server = ServeProcess::start(&url);
+
+    let created = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (addr, token, created, stop) = (
+                server.addr.clone(),
+                token.clone(),
+                Arc::clone(&created),
+                Arc::clone(&stop),
+            );
+            thread::spawn(move || {
+                let agent = client();
+                let mut sent = Vec::new();
+                for i in 0.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let key = format!("k-{c}-{i}");
+                    let body = plan_body(&format!("run-{c}-{i}"), "x");
+                    let answer = post_plan(&agent, &addr, &token, &key, &body);
+                    let created_receipt = match &answer {
+                        Ok((201, receipt)) => receipt["receipt_id"].as_str().map(str::to_owned),
+                        Ok((status, problem)) => panic!("unexpected {status}: {problem}"),
+                        Err(_) => None,
+                    };
+                    if created_receipt.is_some() {
+                        created.fetch_add(1, Ordering::SeqCst);
+                    }
+                    sent.push(Sent {
+                        key,
+                        body,
+                        created_receipt,
+                    });
+                    if answer.is_err() {
+                        break; // the server is gone
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+
+    // Kill while every client is mid-stream: after enough plans are in.
+    while created.load(Ordering::SeqCst) < 60 {
+        thread::yield_now();
+    }
+    server.kill_9();
+    stop.store(true, Ordering::SeqCst);
+    let sent: Vec<Sent> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client thread"))
+        .collect();
+
+    let mut conn = app.conn();
+    for s in sent.iter().filter_map(|s| s.created_receipt.as_ref()) {
+        let row = plan_intake::storage::plans::find_by_receipt(&mut conn, s).expect("query");
+        assert!(
+            row.is_some(),
+            "receipt {s} was answered 201 but is not in the database"
+        );
+    }
+    let orphans = scalar(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM plans p WHERE NOT EXISTS (SELECT 1 FROM intake_keys k WHERE k.plan_id = p.id)",
+    );
+    assert_eq!(orphans, 0, "a plan lacks its key row");
+
+    let restarted = ServeProcess::start(&url);
+    let agent = client();
+    for s in &sent {
+        let (status, receipt) =
+            post_plan(&agent, &restarted.addr, &token, &s.key, &s.body).expect("answer");
+        assert!(
+            status == 201 || status == 200,
+            "resend of {} got {status}: {receipt}",
+            s.key
+        );
+        if let Some(original) = &s.created_receipt {
+            assert_eq!(status, 200, "{} was created twice", s.key);
+            assert_eq!(receipt["receipt_id"], original.as_str());
+        }
+    }
+    assert_eq!(app.count("plans"), sent.len() as i64, "one plan per run");
+    let duplicated_runs = scalar(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM (SELECT run_id FROM plans GROUP BY run_id HAVING COUNT(*) > 1) d",
+    );
+    assert_eq!(duplicated_runs, 0);
+}
+
+#[test]
+fn kill_9_under_load_on_sqlite() {
+    kill_9_under_load_then_restart_keeps_every_receipt_once(TestDb::sqlite());
+}
+
+#[test]
+fn kill_9_under_load_on_postgres() {
+    if let Some(db) = TestDb::postgres() {
+        kill_9_under_load_then_restart_keeps_every_receipt_once(db);
+    }
+}
+
+#[test]
+fn two_services_on_one_postgres_keep_one_plan_for_one_key() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let servers = [ServeProcess::start(&url), ServeProcess::start(&url)];
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let body = plan_body("run-1", "x");
+
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (addrs, token, body) = (addrs.clone(), token.clone(), body.clone());
+            thread::spawn(move || {
+                let agent = client();
+                (0..200 / CLIENTS)
+                    .map(|i| {
+                        let addr = &addrs[(c + i) % 2];
+                        post_plan(&agent, addr, &token, "one-key", &body).expect("answer")
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let answers: Vec<_> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+
+    assert_eq!(answers.len(), 200);
+    let mut statuses: HashMap<u16, usize> = HashMap::new();
+    for (status, _) in &answers {
+        *statuses.entry(*status).or_default() += 1;
+    }
+    assert_eq!(statuses.get(&201), Some(&1), "{statuses:?}");
+    assert_eq!(statuses.get(&200), Some(&199), "{statuses:?}");
+    let receipts: std::collections::HashSet<_> = answers
+        .iter()
+        .map(|(_, r)| r["receipt_id"].to_string())
+        .collect();
+    assert_eq!(receipts.len(), 1);
+    assert_eq!(app.count("plans"), 1);
+    assert_eq!(app.count("intake_keys"), 1);
+}

@@ -1,0 +1,94 @@
+//! The real binary as a child process, and a plain HTTP client for it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
+
+/// A running `plan-intake serve` on a port the OS picked.
+pub struct ServeProcess {
+    child: Child,
+    pub addr: String,
+}
+
+impl ServeProcess {
+    pub fn start(database_url: &str) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--bind", "127.0.0.1:0"])
+            .env("DATABASE_URL", database_url)
+            .env("PLAN_INTAKE_LOG", "plan_intake=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start plan-intake serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = loop {
+            let line = match lines.next() {
+                Some(Ok(line)) => line,
+                _ => panic!(
+                    "plan-intake serve exited before listening: {:?}",
+                    child.try_wait()
+                ),
+            };
+            if let Some((_, rest)) = line.split_once("listening addr=") {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+            }
+        };
+        // Keep draining, so a full pipe never blocks the service's logging.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    /// SIGKILL: no shutdown, no flush, transactions cut wherever they are.
+    pub fn kill_9(mut self) {
+        self.child.kill().expect("kill -9");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A keep-alive HTTP/1.1 client.
+pub fn client() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+/// POSTs a plan; `Err` only when no HTTP answer came back.
+pub fn post_plan(
+    agent: &ureq::Agent,
+    addr: &str,
+    token: &str,
+    key: &str,
+    body: &str,
+) -> Result<(u16, Value), String> {
+    let response = agent
+        .post(&format!("http://{addr}/v1/plans"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Idempotency-Key", key)
+        .set("Content-Type", "application/json")
+        .send_string(body);
+    let response = match response {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => return Err(e.to_string()),
+    };
+    let status = response.status();
+    let text = response.into_string().map_err(|e| e.to_string())?;
+    let body = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    Ok((status, body))
+}
