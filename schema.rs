@@ -4,7 +4,7 @@
 // Pinned names (the migrations create them; the README lists them):
 //   logins:      logins_pk, logins_token_hash_uq, logins_name_not_blank_ck
 //   plans:       plans_pk, plans_receipt_id_uq, plans_maker_run_content_uq,
-//                plans_run_id_not_blank_ck
+//                plans_run_id_not_blank_ck, plans_feed_ix
 //   intake_keys: intake_keys_pk, intake_keys_maker_key_uq, intake_keys_plan_id_fk,
 //                intake_keys_plan_id_ix
 
@@ -30,6 +30,7 @@ diesel::table! {
         approved_inputs -> Text,
         permissions -> Text,
         received_at -> Timestamp,
+        feed_xid -> BigInt,
     }
 }
 

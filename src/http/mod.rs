@@ -43,6 +43,7 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(web::Data::new(state))
             .route("/v1/plans", web::post().to(plans::submit_plan))
             .route("/v1/plans/{receipt_id}", web::get().to(plans::get_plan))
+            .route("/v1/receipts", web::get().to(receipts::list_receipts))
             .route(
                 "/v1/receipts/{receipt_id}",
                 web::get().to(receipts::get_receipt),

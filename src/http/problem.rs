@@ -28,6 +28,8 @@ pub enum ApiError {
     BadIdempotencyKey(String),
     #[error("{0}")]
     MalformedJson(String),
+    #[error("{0}")]
+    BadQuery(String),
     #[error("the request body failed validation")]
     Invalid(Vec<FieldError>),
     #[error("idempotency key reused for a different request")]
@@ -65,6 +67,7 @@ impl ApiError {
                 ("invalid-idempotency-key", "Invalid Idempotency-Key")
             }
             ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
+            ApiError::BadQuery(_) => ("invalid-query", "Invalid Query Parameters"),
             ApiError::Invalid(_) => ("validation-failed", "Validation Failed"),
             ApiError::KeyReused => ("idempotency-key-reused", "Idempotency Key Reused"),
             ApiError::PayloadTooLarge(_) => ("payload-too-large", "Payload Too Large"),
@@ -97,7 +100,9 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::BadIdempotencyKey(_) | ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadIdempotencyKey(_) | ApiError::MalformedJson(_) | ApiError::BadQuery(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Invalid(_) | ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,

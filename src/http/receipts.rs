@@ -3,8 +3,8 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 
 use super::{ApiError, AppState, auth};
-use crate::intake::{Login, Permission, Receipt};
-use crate::storage::plans::{self, PlanRow};
+use crate::intake::{Login, Permission, Receipt, feed};
+use crate::storage::plans::{self, FeedPosition, PlanRow};
 
 pub async fn get_receipt(
     req: HttpRequest,
@@ -13,6 +13,58 @@ pub async fn get_receipt(
 ) -> Result<HttpResponse, ApiError> {
     let row = readable_plan(&req, &state, path.into_inner()).await?;
     Ok(HttpResponse::Ok().json(Receipt::from_row(&row, None)?))
+}
+
+#[derive(serde::Deserialize)]
+struct FeedQuery {
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct FeedPage {
+    receipts: Vec<Receipt>,
+    next: String,
+}
+
+/// `GET /v1/receipts?after=CURSOR&limit=N`: every receipt once, in feed
+/// order. `next` is always present; on an empty page it is the cursor sent,
+/// so readers poll with it.
+pub async fn list_receipts(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let login = auth::authenticate(&req, &state).await?;
+    auth::require(&login, Permission::ReceiptsRead)?;
+    let query = web::Query::<FeedQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
+        .into_inner();
+    let after = match query.after.as_deref() {
+        Some(cursor) => feed::decode(cursor).map_err(ApiError::BadQuery)?,
+        None => FeedPosition::default(),
+    };
+    let limit = feed::parse_limit(query.limit.as_deref()).map_err(ApiError::BadQuery)?;
+    let rows = state
+        .blocking(move |intake| -> Result<_, crate::storage::StorageError> {
+            let mut conn = intake.db.conn()?;
+            Ok(plans::feed_page(&mut conn, after, limit)?)
+        })
+        .await?;
+    let next = rows
+        .last()
+        .map(|(xid, row)| FeedPosition {
+            xid: *xid,
+            id: row.id,
+        })
+        .unwrap_or(after);
+    let receipts = rows
+        .iter()
+        .map(|(_, row)| Receipt::from_row(row, None))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HttpResponse::Ok().json(FeedPage {
+        receipts,
+        next: feed::encode(next),
+    }))
 }
 
 /// The plan behind `receipt_id` if the caller may see it: `receipts:read`

@@ -2,6 +2,7 @@
 //! flow with its outcomes. Past `body::parse` nothing re-checks the input.
 
 pub mod body;
+pub mod feed;
 pub mod hashing;
 pub mod idempotency_key;
 pub mod ijson;

@@ -161,3 +161,44 @@ pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Optio
         .first(c)
         .optional())
 }
+
+/// A place in the receipts feed: the `(feed_xid, id)` of the last plan read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FeedPosition {
+    pub xid: i64,
+    pub id: i64,
+}
+
+/// Up to `limit` plans after `after`, in feed order.
+///
+/// Postgres: only plans whose writing transaction is older than every
+/// transaction still running (`pg_snapshot_xmin`) are returned. Those are
+/// settled for good, and any plan still to commit has a larger `feed_xid`
+/// than all of them, so a reader following the cursor never skips one, even
+/// when ids commit out of order. SQLite commits one writer at a time in id
+/// order, so there every committed plan is settled.
+pub fn feed_page(
+    conn: &mut DbConn,
+    after: FeedPosition,
+    limit: i64,
+) -> QueryResult<Vec<(i64, PlanRow)>> {
+    use diesel::dsl::sql;
+    use diesel::sql_types::Bool;
+    let settled = match conn.backend() {
+        super::Backend::Postgres => {
+            "feed_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        }
+        super::Backend::Sqlite => "1 = 1",
+    };
+    with_conn!(conn, c => plans::table
+        .filter(
+            plans::feed_xid
+                .gt(after.xid)
+                .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
+        )
+        .filter(sql::<Bool>(settled))
+        .order((plans::feed_xid.asc(), plans::id.asc()))
+        .limit(limit)
+        .select((plans::feed_xid, PlanRow::as_select()))
+        .load(c))
+}

@@ -4,6 +4,7 @@
 mod access;
 mod cli;
 mod faults;
+mod feed;
 mod intake;
 mod processes;
 mod schema;

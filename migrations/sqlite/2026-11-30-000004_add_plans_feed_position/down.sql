@@ -1,0 +1,2 @@
+DROP INDEX plans_feed_ix;
+ALTER TABLE plans DROP COLUMN feed_xid;

@@ -1,0 +1,254 @@
+//! `GET /v1/receipts`: the ordering system's feed. Every receipt exactly
+//! once, following `next`, even when transactions commit out of id order.
+
+use std::collections::HashSet;
+
+use actix_web::http::StatusCode;
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection};
+use plan_intake::intake::Permission;
+use serde_json::Value;
+
+use crate::on_both_backends;
+use crate::support::{TestApp, TestDb, get, plan_body, post_plan, send};
+
+on_both_backends!(
+    paging_with_every_limit_returns_each_receipt_once,
+    the_feed_is_for_the_ordering_system_only,
+);
+
+/// Follows `next` from the start until an empty page; returns the receipt
+/// ids in the order read and the final cursor.
+async fn read_all<S>(service: &S, token: &str, limit: usize) -> (Vec<String>, String)
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+            Error = actix_web::Error,
+        >,
+{
+    let mut seen = Vec::new();
+    let mut uri = format!("/v1/receipts?limit={limit}");
+    loop {
+        let page = send(service, get(token, &uri)).await;
+        assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+        let receipts = page.body["receipts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(receipts.len() <= limit);
+        let next = page.body["next"]
+            .as_str()
+            .expect("next is always present")
+            .to_owned();
+        if receipts.is_empty() {
+            if let Some((_, sent)) = uri.split_once("after=") {
+                assert_eq!(
+                    next,
+                    sent.split('&').next().unwrap_or_default(),
+                    "an empty page returns the cursor sent"
+                );
+            }
+            return (seen, next);
+        }
+        for receipt in &receipts {
+            assert!(receipt.get("outcome").is_none());
+            seen.push(
+                receipt["receipt_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+        uri = format!("/v1/receipts?after={next}&limit={limit}");
+    }
+}
+
+/// Polls the feed until it holds `count` receipts (the SPEC lets a receipt
+/// appear a moment after its 201). Fails after 20 s.
+async fn settle<S>(service: &S, token: &str, count: usize)
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+            Error = actix_web::Error,
+        >,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let page = send(service, get(token, "/v1/receipts?limit=1000")).await;
+        if page.body["receipts"].as_array().map_or(0, Vec::len) >= count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the feed never held {count} receipts"
+        );
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+async fn paging_with_every_limit_returns_each_receipt_once(db: TestDb) {
+    let app = TestApp::new(db);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("ordering", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    let mut created = Vec::new();
+    for i in 0..7 {
+        let answer = send(
+            &service,
+            post_plan(
+                &planner,
+                &format!("k{i}"),
+                &plan_body(&format!("run-{i}"), "x"),
+            ),
+        )
+        .await;
+        created.push(
+            answer.body["receipt_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+
+    // On Postgres a receipt joins the feed once no older transaction in the
+    // cluster is still open (other tests' included): wait until all 7 have.
+    settle(&service, &reader, created.len()).await;
+    let mut orders = Vec::new();
+    for limit in 1..=5 {
+        let (seen, _) = read_all(&service, &reader, limit).await;
+        let unique: HashSet<_> = seen.iter().collect();
+        assert_eq!(
+            unique.len(),
+            seen.len(),
+            "limit {limit}: a receipt was read twice"
+        );
+        assert_eq!(
+            unique,
+            created.iter().collect(),
+            "limit {limit}: receipts missing"
+        );
+        orders.push(seen);
+    }
+    assert!(
+        orders.windows(2).all(|w| w[0] == w[1]),
+        "the order is not stable"
+    );
+    assert_eq!(
+        orders[0], created,
+        "one writer at a time: feed order is creation order"
+    );
+
+    // Polling from the last cursor sees only what came after it.
+    let (_, cursor) = read_all(&service, &reader, 100).await;
+    send(
+        &service,
+        post_plan(&planner, "k-late", &plan_body("run-late", "x")),
+    )
+    .await;
+    settle(&service, &reader, created.len() + 1).await;
+    let page = send(
+        &service,
+        get(&reader, &format!("/v1/receipts?after={cursor}")),
+    )
+    .await;
+    assert_eq!(page.body["receipts"].as_array().map(Vec::len), Some(1));
+    assert_eq!(page.body["receipts"][0]["run_id"], "run-late");
+}
+
+async fn the_feed_is_for_the_ordering_system_only(db: TestDb) {
+    let app = TestApp::new(db);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("ordering", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+
+    assert_eq!(
+        send(&service, get(&planner, "/v1/receipts")).await.status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send(&service, get("nope", "/v1/receipts")).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    for query in ["limit=0", "limit=1001", "limit=ten", "after=not-a-cursor"] {
+        let answer = send(&service, get(&reader, &format!("/v1/receipts?{query}"))).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    let empty = send(&service, get(&reader, "/v1/receipts")).await;
+    assert_eq!(empty.body["receipts"], Value::Array(vec![]));
+    assert!(empty.body["next"].is_string());
+}
+
+/// A transaction that took the lower id commits after one that took a higher
+/// id. A reader that read between the two commits still gets the lower one.
+#[actix_web::test]
+async fn a_late_commit_with_a_lower_id_is_not_skipped() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("ordering", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+
+    let mut slow = PgConnection::establish(&direct_url).expect("connect");
+    slow.batch_execute(
+        "BEGIN;
+         INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
+              VALUES ('rcpt_slow', 'planner-a', 'run-slow', 'blake3:slow', 'blake3:slow', '{}', '[{\"id\":\"in\"}]', '[\"plans:submit\"]', now());
+         INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+              SELECT 'planner-a', 'k-slow', 'blake3:slow', id, now() FROM plans WHERE receipt_id = 'rcpt_slow';",
+    )
+    .expect("the slow transaction takes the lower id");
+    let fast = send(
+        &service,
+        post_plan(&planner, "k-fast", &plan_body("run-fast", "x")),
+    )
+    .await;
+    assert_eq!(fast.status, StatusCode::CREATED);
+
+    let (first_read, cursor) = read_all(&service, &reader, 10).await;
+    assert!(!first_read.contains(&"rcpt_slow".to_owned()));
+
+    slow.batch_execute("COMMIT")
+        .expect("the lower id commits last");
+    settle(&service, &reader, 2).await;
+    let mut all = first_read;
+    let mut uri = format!("/v1/receipts?after={cursor}");
+    loop {
+        let page = send(&service, get(&reader, &uri)).await;
+        let receipts = page.body["receipts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if receipts.is_empty() {
+            break;
+        }
+        all.extend(
+            receipts
+                .iter()
+                .map(|r| r["receipt_id"].as_str().unwrap_or_default().to_owned()),
+        );
+        uri = format!(
+            "/v1/receipts?after={}",
+            page.body["next"].as_str().unwrap_or_default()
+        );
+    }
+    let fast_id = fast.body["receipt_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        all.iter().filter(|r| **r == "rcpt_slow").count(),
+        1,
+        "the late commit was skipped: {all:?}"
+    );
+    assert_eq!(all.iter().filter(|r| **r == fast_id).count(), 1, "{all:?}");
+    assert_eq!(all.len(), 2);
+}
