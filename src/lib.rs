@@ -8,3 +8,4 @@ pub mod logins;
 pub mod metrics;
 pub mod serve;
 pub mod storage;
+pub mod verify;

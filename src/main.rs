@@ -14,7 +14,7 @@ use plan_intake::intake::{Permission, RetryPolicy};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
 };
-use plan_intake::{logins, serve};
+use plan_intake::{logins, serve, verify};
 
 #[derive(Parser)]
 #[command(
@@ -79,6 +79,17 @@ enum Command {
         #[command(subcommand)]
         action: MigrateAction,
     },
+    /// Check that the database upholds the guarantees (one line per check)
+    Verify {
+        #[command(flatten)]
+        db: DatabaseArgs,
+    },
+    /// One of verify's contending processes (internal)
+    #[command(hide = true)]
+    VerifyContender {
+        #[command(flatten)]
+        db: DatabaseArgs,
+    },
     /// Manage logins (the only way to create one)
     Logins {
         #[command(flatten)]
@@ -94,6 +105,8 @@ enum MigrateAction {
     Run,
     /// List applied and pending migrations
     Status,
+    /// Print the SQL of the pending migrations without applying anything
+    Print,
     /// Revert the most recent migration
     Revert,
 }
@@ -169,6 +182,14 @@ fn run(command: Command) -> Result<(), String> {
             migrate(&db.database_url, action).map_err(|e| e.to_string())
         }
         Command::Logins { db, action } => manage_logins(&db.database_url, action),
+        Command::Verify { db } => match verify::run(&db.database_url)? {
+            0 => Ok(()),
+            failed => Err(format!("{failed} verify check(s) failed")),
+        },
+        Command::VerifyContender { db } => {
+            println!("{}", verify::contend(&db.database_url)?);
+            Ok(())
+        }
     }
 }
 
@@ -203,6 +224,15 @@ fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
             }
             for name in pending {
                 println!("pending  {name}");
+            }
+        }
+        MigrateAction::Print => {
+            let planned = migrations::pending_sql(conn)?;
+            if planned.is_empty() {
+                eprintln!("no pending migrations");
+            }
+            for (name, sql) in planned {
+                println!("-- {name}\n{}\n", sql.trim_end());
             }
         }
         MigrateAction::Revert => {

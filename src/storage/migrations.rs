@@ -1,7 +1,10 @@
 //! Embedded migrations, one folder per backend with identical names.
 
-use diesel::RunQueryDsl;
+use std::sync::{Arc, Mutex};
+
+use diesel::connection::InstrumentationEvent;
 use diesel::migration::MigrationSource;
+use diesel::{Connection, RunQueryDsl};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use super::{DbConn, StorageError};
@@ -24,9 +27,104 @@ pub fn run_pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
                 .execute(pg)?;
             applied
         }
-        DbConn::Sqlite(lite) => lite.run_pending_migrations(SQLITE).map(names),
+        // One write transaction around the whole run: a second process
+        // waits for the write lock, then finds nothing pending.
+        DbConn::Sqlite(lite) => {
+            let mut outcome = Ok(Vec::new());
+            lite.immediate_transaction(|c| {
+                outcome = c.run_pending_migrations(SQLITE).map(names);
+                match outcome {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(diesel::result::Error::RollbackTransaction),
+                }
+            })
+            .or_else(|e| match e {
+                diesel::result::Error::RollbackTransaction => Ok(()),
+                other => Err(other),
+            })?;
+            outcome
+        }
     };
-    result.map_err(|e| StorageError::Migration(e.to_string()))
+    let versions = result.map_err(|e| StorageError::Migration(e.to_string()))?;
+    let source = match conn {
+        DbConn::Postgres(_) => POSTGRES,
+        DbConn::Sqlite(_) => SQLITE,
+    };
+    named(versions, source)
+}
+
+/// Folder names for diesel's version numbers (`20261130000001`).
+fn named(versions: Vec<String>, source: EmbeddedMigrations) -> Result<Vec<String>, StorageError> {
+    let known = embedded_names(source)?;
+    Ok(versions
+        .into_iter()
+        .map(|version| {
+            known
+                .iter()
+                .find(|name| version_of(name) == version)
+                .cloned()
+                .unwrap_or(version)
+        })
+        .collect())
+}
+
+/// The SQL each pending migration would run, by name, in order. It is
+/// captured by running them inside a transaction that is then rolled back
+/// (DDL is transactional on both backends), so nothing is applied, not even
+/// diesel's bookkeeping table.
+pub fn pending_sql(conn: &mut DbConn) -> Result<Vec<(String, String)>, StorageError> {
+    let captured: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = Arc::clone(&captured);
+    let record = move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event
+            && let Ok(mut queries) = sink.lock()
+        {
+            queries.push(query.to_string());
+        }
+    };
+    let mut planned = Vec::new();
+    let mut failure = None;
+    macro_rules! capture {
+        ($conn:expr, $source:expr) => {{
+            let conn = $conn;
+            let outcome = conn.transaction::<(), diesel::result::Error, _>(|c| {
+                let pending = match c.pending_migrations($source) {
+                    Ok(pending) => pending,
+                    Err(e) => {
+                        failure = Some(e.to_string());
+                        return Err(diesel::result::Error::RollbackTransaction);
+                    }
+                };
+                c.set_instrumentation(record.clone());
+                for migration in pending {
+                    let before = captured.lock().map(|q| q.len()).unwrap_or(0);
+                    if let Err(e) = migration.run(c) {
+                        failure = Some(format!("{}: {e}", migration.name()));
+                        break;
+                    }
+                    let sql = captured
+                        .lock()
+                        .map(|q| q[before..].join("\n"))
+                        .unwrap_or_default();
+                    planned.push((migration.name().to_string(), sql));
+                }
+                c.set_instrumentation(|_: InstrumentationEvent<'_>| {});
+                Err(diesel::result::Error::RollbackTransaction)
+            });
+            match outcome {
+                Err(diesel::result::Error::RollbackTransaction) | Ok(()) => {}
+                Err(e) => failure = Some(e.to_string()),
+            }
+        }};
+    }
+    match conn {
+        DbConn::Postgres(pg) => capture!(pg, POSTGRES),
+        DbConn::Sqlite(lite) => capture!(lite, SQLITE),
+    }
+    match failure {
+        Some(e) => Err(StorageError::Migration(e)),
+        None => Ok(planned),
+    }
 }
 
 /// Names of the migrations not yet applied, in the order they would run.
@@ -44,13 +142,17 @@ pub fn pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
 
 /// Reverts the most recent migration; returns its name.
 pub fn revert_last(conn: &mut DbConn) -> Result<String, StorageError> {
-    let result = match conn {
-        DbConn::Postgres(pg) => pg.revert_last_migration(POSTGRES),
-        DbConn::Sqlite(lite) => lite.revert_last_migration(SQLITE),
+    let (result, source) = match conn {
+        DbConn::Postgres(pg) => (pg.revert_last_migration(POSTGRES), POSTGRES),
+        DbConn::Sqlite(lite) => (lite.revert_last_migration(SQLITE), SQLITE),
     };
-    result
+    let version = result
         .map(|v| v.to_string())
-        .map_err(|e| StorageError::Migration(e.to_string()))
+        .map_err(|e| StorageError::Migration(e.to_string()))?;
+    Ok(named(vec![version.clone()], source)?
+        .into_iter()
+        .next()
+        .unwrap_or(version))
 }
 
 fn names(versions: Vec<diesel::migration::MigrationVersion<'_>>) -> Vec<String> {
@@ -67,17 +169,7 @@ pub fn applied(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
         .map(names)
         .map_err(|e| StorageError::Migration(e.to_string()))?;
     versions.sort();
-    let known = embedded_names(source)?;
-    Ok(versions
-        .into_iter()
-        .map(|version| {
-            known
-                .iter()
-                .find(|name| version_of(name) == version)
-                .cloned()
-                .unwrap_or(version)
-        })
-        .collect())
+    named(versions, source)
 }
 
 /// Every migration this binary carries for a backend, by folder name, in order.

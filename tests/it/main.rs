@@ -3,6 +3,7 @@
 
 mod access;
 mod cli;
+mod dba;
 mod faults;
 mod feed;
 mod intake;

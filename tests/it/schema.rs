@@ -221,8 +221,18 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
     ty.to_owned()
 }
 
-/// Lexical order must be creation order (diesel sorts versions as strings),
-/// and both backends must carry the same migrations under the same names.
+/// Every migration ever added, in the order it was added. Append only: a
+/// new migration is added here last and must also sort last.
+const MIGRATION_HISTORY: [&str; 4] = [
+    "2026-11-30-000001_create_logins",
+    "2026-11-30-000002_create_plans",
+    "2026-11-30-000003_create_intake_keys",
+    "2026-11-30-000004_add_plans_feed_position",
+];
+
+/// Lexical order must be creation order (diesel sorts versions as strings,
+/// and silently runs a late-added migration with an older date), and both
+/// backends must carry the same migrations under the same names.
 #[test]
 fn migration_folders_are_dated_identical_and_complete() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
@@ -246,7 +256,10 @@ fn migration_folders_are_dated_identical_and_complete() {
         folders("sqlite"),
         "the backends' migration folders differ"
     );
-    assert!(!postgres.is_empty());
+    assert_eq!(
+        postgres, MIGRATION_HISTORY,
+        "a migration sorts before an older one, or is missing from MIGRATION_HISTORY"
+    );
     for name in &postgres {
         assert!(is_dated_name(name), "{name} is not YYYY-MM-DD-HHMMSS_name");
         for backend in ["postgres", "sqlite"] {

@@ -1,0 +1,295 @@
+//! `plan-intake verify`: checks, against the configured backend, that the
+//! database upholds the guarantees. Contention and the blank-run rule are
+//! tried in a scratch store of its own, always removed afterwards; the
+//! schema's names and migrations are read from the configured database.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use diesel::RunQueryDsl;
+use diesel::connection::SimpleConnection;
+
+use crate::intake::{IdempotencyKey, Intake, Login, Permission, RetryPolicy, body};
+use crate::metrics::Metrics;
+use crate::storage::catalog;
+use crate::storage::{
+    Backend, Database, DatabaseTarget, DbConn, MigrateOnOpen, PoolOptions, migrations,
+};
+use crate::with_conn;
+
+/// Processes that race for one key.
+pub const CONTENDERS: usize = 8;
+const CONTENDER_LOGIN: &str = "verify-contender";
+const CONTENDER_KEY: &str = "verify-one-key";
+const CONTENDER_BODY: &str = r#"{"run_id":"verify-run","approved_inputs":[{"id":"verify-input"}],"content":{"verify":true}}"#;
+
+pub struct Check {
+    pub name: &'static str,
+    pub result: Result<String, String>,
+}
+
+/// Runs every check, printing one line each; returns how many failed.
+pub fn run(url: &str) -> Result<usize, String> {
+    let target = DatabaseTarget::parse(url).map_err(|e| e.to_string())?;
+    let options = PoolOptions {
+        max_size: 2,
+        ..PoolOptions::default()
+    };
+    let configured =
+        Database::open(url, &options, MigrateOnOpen::Skip).map_err(|e| e.to_string())?;
+    let mut conn = configured.conn().map_err(|e| e.to_string())?;
+
+    let mut checks = vec![
+        Check {
+            name: "migrations applied",
+            result: migrations_applied(&mut conn),
+        },
+        Check {
+            name: "pinned names",
+            result: pinned_names(&mut conn),
+        },
+    ];
+    match Scratch::create(&target, &mut conn) {
+        Ok(scratch) => {
+            checks.push(Check {
+                name: "blank run refused by the table",
+                result: blank_run_refused(&scratch.url),
+            });
+            checks.push(Check {
+                name: "one winner among contending processes",
+                result: one_winner(&scratch.url),
+            });
+        }
+        Err(e) => checks.push(Check {
+            name: "scratch store",
+            result: Err(e),
+        }),
+    }
+
+    let mut failed = 0;
+    for check in &checks {
+        match &check.result {
+            Ok(detail) => println!("ok    {}: {detail}", check.name),
+            Err(detail) => {
+                failed += 1;
+                println!("FAIL  {}: {detail}", check.name);
+            }
+        }
+    }
+    Ok(failed)
+}
+
+fn migrations_applied(conn: &mut DbConn) -> Result<String, String> {
+    let pending = migrations::pending(conn).map_err(|e| e.to_string())?;
+    if pending.is_empty() {
+        Ok("none pending".to_owned())
+    } else {
+        Err(format!("pending: {}", pending.join(", ")))
+    }
+}
+
+fn pinned_names(conn: &mut DbConn) -> Result<String, String> {
+    let live = catalog::live_names(conn).map_err(|e| e.to_string())?;
+    let pinned = catalog::pinned_names();
+    let missing: Vec<String> = pinned
+        .iter()
+        .filter(|n| !live.contains(n))
+        .map(|(t, n)| format!("{t}.{n}"))
+        .collect();
+    let unexpected: Vec<String> = live
+        .iter()
+        .filter(|n| !pinned.contains(n))
+        .map(|(t, n)| format!("{t}.{n}"))
+        .collect();
+    if missing.is_empty() && unexpected.is_empty() {
+        Ok(format!("{} names match", pinned.len()))
+    } else {
+        Err(format!(
+            "missing [{}], unexpected [{}]",
+            missing.join(", "),
+            unexpected.join(", ")
+        ))
+    }
+}
+
+fn blank_run_refused(url: &str) -> Result<String, String> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
+        .map_err(|e| e.to_string())?;
+    let mut conn = db.conn().map_err(|e| e.to_string())?;
+    let tab = match conn.backend() {
+        Backend::Postgres => "chr(9)",
+        Backend::Sqlite => "char(9)",
+    };
+    let mut stored = Vec::new();
+    for run in ["NULL", "''", "'   '", tab] {
+        let sql = format!(
+            "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                                approved_inputs, permissions, received_at)
+             VALUES ('rcpt_verify_blank', 'verify', {run}, 'h', 'h', '{{}}', '[]', '[]', '2026-01-01 00:00:00')"
+        );
+        if with_conn!(&mut *conn, c => diesel::sql_query(&sql).execute(c)).is_ok() {
+            stored.push(run);
+        }
+    }
+    if stored.is_empty() {
+        Ok("NULL, empty, spaces and tab all refused".to_owned())
+    } else {
+        Err(format!("the table stored run_id = {}", stored.join(", ")))
+    }
+}
+
+/// Starts `CONTENDERS` real processes that submit one plan under one key at
+/// the same moment; exactly one may create it.
+fn one_winner(url: &str) -> Result<String, String> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
+        .map_err(|e| e.to_string())?;
+    let mut conn = db.conn().map_err(|e| e.to_string())?;
+    crate::logins::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])
+        .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let mut children = Vec::new();
+    for _ in 0..CONTENDERS {
+        let child = Command::new(&exe)
+            .args(["verify-contender", "--database-url", url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start a contender: {e}"))?;
+        children.push(child);
+    }
+    // The start gate: every process is up before any is told to go.
+    for child in &mut children {
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(b"go\n");
+        }
+    }
+    let mut outcomes = Vec::new();
+    for child in children {
+        let output = child.wait_with_output().map_err(|e| e.to_string())?;
+        let said = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        if !output.status.success() {
+            return Err(format!(
+                "a contender failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        outcomes.push(said);
+    }
+    let created = outcomes.iter().filter(|o| *o == "created").count();
+    let replayed = outcomes.iter().filter(|o| *o == "replayed").count();
+    let plans = count(&mut conn, "plans")?;
+    if created == 1 && replayed == CONTENDERS - 1 && plans == 1 {
+        Ok(format!(
+            "{CONTENDERS} processes, 1 created, {replayed} replayed, 1 plan row"
+        ))
+    } else {
+        Err(format!("outcomes {outcomes:?}, {plans} plan rows"))
+    }
+}
+
+/// The body of one contending process (`plan-intake verify-contender`):
+/// waits for the start gate on stdin, submits, prints the outcome.
+pub fn contend(url: &str) -> Result<String, String> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
+        .map_err(|e| e.to_string())?;
+    let intake = Intake::new(db, RetryPolicy::default(), Metrics::new());
+    let login = Login {
+        name: CONTENDER_LOGIN.to_owned(),
+        permissions: vec![Permission::PlansSubmit],
+    };
+    let key = IdempotencyKey::parse(CONTENDER_KEY)?;
+    let submission = body::parse(CONTENDER_BODY.as_bytes()).map_err(|e| format!("{e:?}"))?;
+    let mut gate = String::new();
+    std::io::stdin()
+        .read_line(&mut gate)
+        .map_err(|e| e.to_string())?;
+    let accepted = intake
+        .submit(&login, &key, &submission)
+        .map_err(|e| e.to_string())?;
+    Ok(accepted.outcome.as_str().to_owned())
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+fn count(conn: &mut DbConn, table: &str) -> Result<i64, String> {
+    let sql = format!("SELECT COUNT(*) AS n FROM {table}");
+    with_conn!(conn, c => diesel::sql_query(&sql).get_result::<Count>(c))
+        .map(|row| row.n)
+        .map_err(|e| e.to_string())
+}
+
+/// A migrated store of verify's own: a fresh schema in the configured
+/// Postgres database, or a temporary SQLite file. Removed on drop.
+struct Scratch {
+    url: String,
+    cleanup: Cleanup,
+    admin_url: String,
+}
+
+enum Cleanup {
+    Schema(String),
+    Files(std::path::PathBuf),
+}
+
+impl Scratch {
+    fn create(target: &DatabaseTarget, conn: &mut DbConn) -> Result<Self, String> {
+        let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
+        let scratch = match target {
+            DatabaseTarget::Postgres(url) => {
+                let schema = format!("plan_intake_verify_{tag}");
+                with_conn!(conn, c => c.batch_execute(&format!("CREATE SCHEMA {schema}")))
+                    .map_err(|e| format!("cannot create a scratch schema: {e}"))?;
+                let separator = if url.contains('?') { '&' } else { '?' };
+                Scratch {
+                    url: format!("{url}{separator}options=-csearch_path%3D{schema}"),
+                    cleanup: Cleanup::Schema(schema),
+                    admin_url: url.clone(),
+                }
+            }
+            DatabaseTarget::Sqlite(_) => {
+                let path = std::env::temp_dir().join(format!("plan-intake-verify-{tag}.db"));
+                Scratch {
+                    url: format!("sqlite://{}", path.display()),
+                    cleanup: Cleanup::Files(path),
+                    admin_url: String::new(),
+                }
+            }
+        };
+        Database::open(&scratch.url, &PoolOptions::default(), MigrateOnOpen::Apply)
+            .map_err(|e| format!("cannot migrate the scratch store: {e}"))?;
+        Ok(scratch)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        match &self.cleanup {
+            Cleanup::Schema(schema) => {
+                let dropped = DatabaseTarget::parse(&self.admin_url)
+                    .ok()
+                    .and_then(|target| {
+                        let manager = crate::storage::Manager::new(target, std::time::Duration::from_secs(5));
+                        diesel::r2d2::ManageConnection::connect(&manager).ok()
+                    })
+                    .map(|mut conn| {
+                        with_conn!(&mut conn, c => c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+                    });
+                if !matches!(dropped, Some(Ok(()))) {
+                    eprintln!("plan-intake: warning: could not drop the scratch schema {schema}");
+                }
+            }
+            Cleanup::Files(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let mut file = path.clone().into_os_string();
+                    file.push(suffix);
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+        }
+    }
+}

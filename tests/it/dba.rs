@@ -1,0 +1,198 @@
+//! The DBA's tools, through the real binary: migrate print / revert / run,
+//! concurrent migrations, and verify.
+
+use std::process::{Command, Output};
+
+use diesel::RunQueryDsl;
+use diesel::sql_types::Text;
+use plan_intake::storage::{DbConn, MigrateOnOpen};
+use plan_intake::with_conn;
+
+use crate::support::TestDb;
+use crate::support::process::BIN;
+
+fn plan_intake(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("PLAN_INTAKE_LOG", "warn")
+        .output()
+        .expect("run plan-intake")
+}
+
+fn succeeded(out: &Output) -> bool {
+    if !out.status.success() {
+        eprintln!(
+            "stdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out.status.success()
+}
+
+#[derive(diesel::QueryableByName)]
+struct Line {
+    #[diesel(sql_type = Text)]
+    line: String,
+}
+
+/// Every object in the scratch database, diesel's bookkeeping included.
+fn objects(db: &TestDb) -> Vec<String> {
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    let sql = match &*conn {
+        DbConn::Postgres(_) => {
+            "SELECT relname::text || ' ' || relkind::text AS line FROM pg_class
+              WHERE relnamespace = current_schema()::regnamespace
+             UNION ALL
+             SELECT conname::text AS line FROM pg_constraint WHERE connamespace = current_schema()::regnamespace"
+        }
+        DbConn::Sqlite(_) => "SELECT type || ' ' || name || ' ' || coalesce(sql, '') AS line FROM sqlite_master",
+    };
+    let mut lines: Vec<String> =
+        with_conn!(&mut *conn, c => diesel::sql_query(sql).load::<Line>(c))
+            .expect("list objects")
+            .into_iter()
+            .map(|l| l.line)
+            .collect();
+    lines.sort();
+    lines
+}
+
+fn migrate_print_shows_the_sql_and_changes_nothing(db: TestDb) {
+    let before = objects(&db);
+    let out = plan_intake(&db, &["migrate", "print"]);
+    assert!(succeeded(&out));
+    let sql = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        sql.contains("-- 2026-11-30-000002_create_plans") && sql.contains("CREATE TABLE plans"),
+        "{sql}"
+    );
+    assert!(sql.contains("plans_run_id_not_blank_ck"), "{sql}");
+    assert_eq!(objects(&db), before, "migrate print changed the database");
+
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    assert!(succeeded(&plan_intake(&db, &["migrate", "revert"])));
+    let out = plan_intake(&db, &["migrate", "print"]);
+    let sql = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        sql.contains("-- 2026-11-30-000004_add_plans_feed_position"),
+        "{sql}"
+    );
+    assert!(
+        !sql.contains("CREATE TABLE plans"),
+        "only the pending migration: {sql}"
+    );
+}
+
+fn revert_then_run_returns_to_the_same_schema(db: TestDb) {
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    let migrated = objects(&db);
+    let out = plan_intake(&db, &["migrate", "revert"]);
+    assert!(succeeded(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("reverted 2026-11-30-000004_add_plans_feed_position")
+    );
+    assert_ne!(objects(&db), migrated);
+
+    let refused = plan_intake(&db, &["serve", "--no-migrate", "--bind", "127.0.0.1:0"]);
+    assert!(
+        !refused.status.success(),
+        "serve --no-migrate started with a pending migration"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("2026-11-30-000004_add_plans_feed_position"),
+        "{stderr}"
+    );
+
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    assert_eq!(objects(&db), migrated);
+}
+
+fn two_concurrent_migrate_runs_apply_each_migration_once(db: TestDb) {
+    let start = || {
+        Command::new(BIN)
+            .args(["migrate", "run"])
+            .env("DATABASE_URL", &db.url)
+            .env("PLAN_INTAKE_LOG", "warn")
+            .output()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(start);
+        let b = s.spawn(start);
+        (a.join().expect("thread"), b.join().expect("thread"))
+    });
+    assert!(succeeded(&a.expect("run a")));
+    assert!(succeeded(&b.expect("run b")));
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    assert_eq!(
+        crate::support::count_rows(&mut conn, "__diesel_schema_migrations"),
+        4
+    );
+    assert!(
+        plan_intake::storage::migrations::pending(&mut conn)
+            .expect("pending")
+            .is_empty()
+    );
+}
+
+fn verify_passes_and_names_a_renamed_index(db: TestDb) {
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    let out = plan_intake(&db, &["verify"]);
+    assert!(succeeded(&out));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(report.lines().count(), 4, "{report}");
+    assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
+    assert!(report.contains("1 created, 7 replayed"), "{report}");
+
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    let rename = match &*conn {
+        DbConn::Postgres(_) => "ALTER INDEX plans_feed_ix RENAME TO plans_feed_renamed",
+        DbConn::Sqlite(_) => {
+            "DROP INDEX plans_feed_ix; CREATE INDEX plans_feed_renamed ON plans (feed_xid, id)"
+        }
+    };
+    crate::support::execute_batch(&mut conn, rename);
+    let out = plan_intake(&db, &["verify"]);
+    assert!(!out.status.success(), "verify passed with a renamed index");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failing.len(), 1, "{report}");
+    assert!(
+        failing[0].contains("pinned names")
+            && failing[0].contains("plans_feed_ix")
+            && failing[0].contains("plans_feed_renamed"),
+        "{report}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 verify check(s) failed"));
+}
+
+macro_rules! dba_on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name(crate::support::TestDb::sqlite())
+            }
+            #[test]
+            fn postgres() {
+                if let Some(db) = crate::support::TestDb::postgres() {
+                    super::$name(db)
+                }
+            }
+        }
+    )*};
+}
+
+dba_on_both_backends!(
+    migrate_print_shows_the_sql_and_changes_nothing,
+    revert_then_run_returns_to_the_same_schema,
+    two_concurrent_migrate_runs_apply_each_migration_once,
+    verify_passes_and_names_a_renamed_index,
+);
