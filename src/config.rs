@@ -30,4 +30,6 @@ pub struct ServeConfig {
     pub retry: RetryPolicy,
     /// Apply pending migrations at start (false: refuse to start while any are pending).
     pub migrate: bool,
+    /// How long a stopping server waits for requests in flight.
+    pub shutdown_timeout_secs: u64,
 }

@@ -23,8 +23,17 @@ use plan_intake::{logins, serve, verify};
     about = "Takes plans from planner services and keeps each one exactly once"
 )]
 struct Cli {
+    /// Log format on stderr
+    #[arg(long, env = "PLAN_INTAKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Clone)]
@@ -53,24 +62,28 @@ enum Command {
         #[arg(long, env = "PLAN_INTAKE_CHECKOUT_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
         checkout_timeout_ms: u64,
         /// Largest accepted request body in bytes (larger is a 413)
-        #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT)]
+        #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT, value_parser = parse_body_limit)]
         body_limit: usize,
         /// Attempts in all for a write that fails transiently (deadlock, busy, lost connection)
         #[arg(long, env = "PLAN_INTAKE_RETRY_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
         retry_attempts: u32,
         /// Cap of the first retry's random delay, in ms; doubles per retry
-        #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = 10)]
+        #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
         retry_base_delay_ms: u64,
         /// No retry waits longer than this, in ms
-        #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = 500)]
+        #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=600_000))]
         retry_max_delay_ms: u64,
         /// How long a SQLite write waits for the lock before failing as busy, in ms
         #[arg(
             long,
             env = "PLAN_INTAKE_SQLITE_BUSY_TIMEOUT_MS",
-            default_value_t = 5000
+            default_value_t = 5000,
+            value_parser = clap::value_parser!(u64).range(1..=600_000)
         )]
         sqlite_busy_timeout_ms: u64,
+        /// On SIGTERM or Ctrl-C, seconds to let requests in flight finish
+        #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        shutdown_timeout_secs: u64,
     },
     /// Apply or inspect migrations
     Migrate {
@@ -127,8 +140,24 @@ enum LoginsAction {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            // One clear line, not clap's usage block.
+            let rendered = e.to_string();
+            let line = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("plan-intake: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    init_tracing(cli.log_format);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -138,14 +167,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PLAN_INTAKE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// 1 byte to 64 MiB.
+fn parse_body_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if (1..=64 * 1024 * 1024).contains(&n) => Ok(n),
+        _ => Err("must be a number of bytes from 1 to 67108864".to_owned()),
+    }
 }
 
 fn run(command: Command) -> Result<(), String> {
@@ -161,6 +200,7 @@ fn run(command: Command) -> Result<(), String> {
             retry_base_delay_ms,
             retry_max_delay_ms,
             sqlite_busy_timeout_ms,
+            shutdown_timeout_secs,
         } => serve::run(ServeConfig {
             bind,
             database_url: db.database_url,
@@ -176,6 +216,7 @@ fn run(command: Command) -> Result<(), String> {
                 max_delay: Duration::from_millis(retry_max_delay_ms),
             },
             migrate: !no_migrate,
+            shutdown_timeout_secs,
         })
         .map_err(|e| e.to_string()),
         Command::Migrate { db, action } => {

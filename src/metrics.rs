@@ -1,7 +1,9 @@
 //! Counters for every intake outcome, retry and unknown-COMMIT branch, in a
 //! Prometheus registry of their own (one per service, so tests stay apart).
 
-use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -9,6 +11,10 @@ pub struct Metrics {
     outcomes: IntCounterVec,
     retries: IntCounterVec,
     unknown_commits: IntCounterVec,
+    request_seconds: HistogramVec,
+    pool_connections: IntGauge,
+    pool_idle: IntGauge,
+    pool_waiters: IntGauge,
 }
 
 /// How an unknown COMMIT was settled by the re-read.
@@ -62,7 +68,37 @@ impl Metrics {
             &["branch"],
         )
         .expect("valid metric definition"); // ok: constant
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "plan_intake_http_request_duration_seconds",
+                "HTTP request latency, by route pattern and status",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["route", "status"],
+        )
+        .expect("valid metric definition"); // ok: constant
+        let gauge =
+            |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric definition"); // ok: constant
+        let pool_connections = gauge(
+            "plan_intake_db_pool_connections",
+            "Database connections open in the pool",
+        );
+        let pool_idle = gauge("plan_intake_db_pool_idle", "Open connections not in use");
+        let pool_waiters = gauge(
+            "plan_intake_db_pool_waiters",
+            "Requests waiting for a database connection",
+        );
         for collector in [&outcomes, &retries, &unknown_commits] {
+            registry
+                .register(Box::new(collector.clone()))
+                .expect("metric registered once"); // ok: a fresh registry
+        }
+        registry
+            .register(Box::new(request_seconds.clone()))
+            .expect("metric registered once"); // ok: a fresh registry
+        for collector in [&pool_connections, &pool_idle, &pool_waiters] {
             registry
                 .register(Box::new(collector.clone()))
                 .expect("metric registered once"); // ok: a fresh registry
@@ -72,6 +108,10 @@ impl Metrics {
             outcomes,
             retries,
             unknown_commits,
+            request_seconds,
+            pool_connections,
+            pool_idle,
+            pool_waiters,
         }
     }
 
@@ -87,6 +127,19 @@ impl Metrics {
         self.unknown_commits
             .with_label_values(&[branch.as_str()])
             .inc();
+    }
+
+    pub fn observe_request(&self, route: &str, status: u16, seconds: f64) {
+        self.request_seconds
+            .with_label_values(&[route, &status.to_string()])
+            .observe(seconds);
+    }
+
+    /// The pool's state as of now, shown by the next render.
+    pub fn set_pool(&self, connections: u32, idle: u32, waiters: i64) {
+        self.pool_connections.set(i64::from(connections));
+        self.pool_idle.set(i64::from(idle));
+        self.pool_waiters.set(waiters);
     }
 
     pub fn outcome_count(&self, outcome: &str) -> u64 {

@@ -1,6 +1,6 @@
 //! `plan-intake serve`: open the database, then run the HTTP service.
 
-use actix_web::{App, HttpServer};
+use actix_web::HttpServer;
 
 use crate::config::ServeConfig;
 use crate::http::{self, AppState};
@@ -41,7 +41,11 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         http: config.http.clone(),
     };
     actix_web::rt::System::new().block_on(async move {
-        let server = HttpServer::new(move || App::new().configure(http::configure(state.clone())))
+        // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
+        // flight finish (up to the shutdown timeout), then `run` returns and
+        // the pool is dropped, closing its connections.
+        let server = HttpServer::new(move || http::app(state.clone()))
+            .shutdown_timeout(config.shutdown_timeout_secs)
             .bind(&config.bind)
             .map_err(|source| ServeError::Bind {
                 bind: config.bind.clone(),
@@ -50,6 +54,8 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         for addr in server.addrs() {
             tracing::info!(%addr, "listening");
         }
-        server.run().await.map_err(ServeError::Server)
+        server.run().await.map_err(ServeError::Server)?;
+        tracing::info!("stopped: every request in flight was answered");
+        Ok(())
     })
 }

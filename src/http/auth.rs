@@ -1,9 +1,10 @@
 //! `Authorization: Bearer TOKEN` → the login, or 401. The token is hashed
 //! and found by its hash; it is never logged.
 
-use actix_web::HttpRequest;
 use actix_web::http::header;
+use actix_web::{HttpMessage, HttpRequest};
 
+use super::observe::LoggedMaker;
 use super::{ApiError, AppState};
 use crate::intake::{Login, Permission};
 use crate::logins::{self, LoginError};
@@ -17,7 +18,10 @@ pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, 
         })
         .await;
     match found {
-        Ok(Some(login)) => Ok(login),
+        Ok(Some(login)) => {
+            req.extensions_mut().insert(LoggedMaker(login.name.clone()));
+            Ok(login)
+        }
         Ok(None) => Err(ApiError::Unauthorized("unknown or revoked token")),
         Err(e) => Err(e),
     }

@@ -1,13 +1,19 @@
 //! The HTTP door: routes, the bearer-token and Idempotency-Key extractors,
-//! and problem+json errors. Handlers translate HTTP to a domain call and back;
-//! every database call runs inside `web::block`.
+//! problem+json errors, request logging and the OpenAPI document. Handlers
+//! translate HTTP to a domain call and back; every database call runs
+//! inside `web::block`.
 
 mod auth;
+pub mod observe;
+pub mod openapi;
 mod plans;
 pub mod problem;
 mod receipts;
 
-use actix_web::{HttpResponse, web};
+use actix_web::body::BoxBody;
+use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpResponse, web};
 
 use crate::config::HttpConfig;
 use crate::intake::Intake;
@@ -37,8 +43,25 @@ impl AppState {
     }
 }
 
-/// Registers every route on an `App` (the service and the tests share this).
-pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
+/// The whole application: every route, wrapped in request logging. The
+/// service and the tests both build it here.
+pub fn app(
+    state: AppState,
+) -> App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<BoxBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    App::new()
+        .wrap(from_fn(observe::observe))
+        .configure(configure(state))
+}
+
+fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::new(state))
             .route("/v1/plans", web::post().to(plans::submit_plan))
@@ -49,19 +72,55 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                 web::get().to(receipts::get_receipt),
             )
             .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics))
+            .route("/openapi.json", web::get().to(openapi::document))
             .default_service(web::to(not_found));
     }
 }
 
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`
+    status: &'static str,
 }
 
-async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+/// The process is alive.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The process is alive", body = Health)))]
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(Health { status: "ok" })
+}
+
+/// The database answers and no migration is pending.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready to take plans", body = Health),
+        (status = 503, description = "Database unreachable or migrations pending", body = problem::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
+pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state
+        .blocking(|intake| intake.db.readiness())
+        .await
+        .map_err(|e| match e {
+            ApiError::Internal(cause) => ApiError::Unavailable(cause),
+            other => other,
+        })?;
+    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let db = &state.intake.db;
+    let pool = db.pool.state();
+    let metrics = &state.intake.metrics;
+    metrics.set_pool(pool.connections, pool.idle_connections, db.waiters());
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(state.intake.metrics.render())
+        .body(metrics.render())
 }
 
 async fn not_found() -> Result<HttpResponse, ApiError> {

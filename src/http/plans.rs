@@ -3,8 +3,11 @@
 use actix_web::http::header;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
+use super::observe::LoggedKey;
+use super::problem::Problem;
 use super::receipts::readable_plan;
 use super::{ApiError, AppState, auth};
+use crate::intake::body::PlanRequest;
 use crate::intake::{IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
@@ -13,12 +16,49 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
 /// The door, in order: who (401), may they (403), which attempt (400), what
 /// format (415), how big (413), what (400/422). Nothing touches the plan
 /// tables until all of it has passed.
+#[utoipa::path(post, path = "/v1/plans", tag = "plans",
+    request_body(content = PlanRequest, content_type = "application/json"),
+    params(
+        ("Idempotency-Key" = String, Header, description = "1-255 visible ASCII characters, bare or as an RFC 8941 string; one per attempt at one request"),
+        ("Content-Type" = String, Header, description = "application/json"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "The plan was kept by this request", body = Receipt,
+            headers(("Location" = String, description = "/v1/receipts/{receipt_id}"))),
+        (status = 200, description = "Replayed (same key, same request; `Idempotent-Replayed: true`) or already received (new key, same maker, run and content)", body = Receipt,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "Missing or malformed Idempotency-Key, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "Bearer"))),
+        (status = 403, description = "The login lacks plans:submit", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the limit (default 1 MiB)", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation failed (`errors` names each field), or the key was used for a different request (type …/idempotency-key-reused)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable, retries exhausted, or COMMIT outcome unknown: retry with the same key", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 pub async fn submit_plan(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let login = auth::authenticate(&req, &state).await?;
+    let answer = submit(&req, payload, &state).await;
+    let label = match &answer {
+        Ok((outcome, _)) => outcome.as_str(),
+        Err(e) => e.outcome_label(),
+    };
+    state.intake.metrics.outcome(label);
+    answer.map(|(_, response)| response)
+}
+
+async fn submit(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<(Outcome, HttpResponse), ApiError> {
+    let req = req.clone();
+    let login = auth::authenticate(&req, state).await?;
     auth::require(&login, Permission::PlansSubmit)?;
     let key = idempotency_key(&req)?;
     require_json(&req)?;
@@ -29,7 +69,7 @@ pub async fn submit_plan(
         .blocking(move |intake| intake.submit(&login, &key, &submission))
         .await?;
     let receipt = Receipt::from_row(&accepted.plan, Some(accepted.outcome.as_str()))?;
-    Ok(match accepted.outcome {
+    let response = match accepted.outcome {
         Outcome::Created => HttpResponse::Created()
             .insert_header((
                 header::LOCATION,
@@ -40,9 +80,22 @@ pub async fn submit_plan(
             .insert_header((IDEMPOTENT_REPLAYED, "true"))
             .json(receipt),
         Outcome::AlreadyReceived => HttpResponse::Ok().json(receipt),
-    })
+    };
+    Ok((accepted.outcome, response))
 }
 
+#[utoipa::path(get, path = "/v1/plans/{receipt_id}", tag = "reading",
+    params(("receipt_id" = String, Path, description = "The receipt id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The plan with its receipt", body = PlanView),
+        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "Bearer"))),
+        (status = 403, description = "The login may not read receipts", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown, or another maker's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 pub async fn get_plan(
     req: HttpRequest,
     path: web::Path<String>,
@@ -65,7 +118,10 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let text = value.to_str().map_err(|_| {
         ApiError::BadIdempotencyKey(format!("{IDEMPOTENCY_KEY} must be visible ASCII"))
     })?;
-    IdempotencyKey::parse(text).map_err(ApiError::BadIdempotencyKey)
+    let key = IdempotencyKey::parse(text).map_err(ApiError::BadIdempotencyKey)?;
+    req.extensions_mut()
+        .insert(LoggedKey(key.as_str().to_owned()));
+    Ok(key)
 }
 
 fn require_json(req: &HttpRequest) -> Result<(), ApiError> {

@@ -46,18 +46,40 @@ pub enum ApiError {
     Internal(String),
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
+/// An RFC 9457 problem: every error answer's body.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, under `https://plan-intake.dev/problems/`.
     #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Present on validation failures: one entry per refused field.
     #[serde(skip_serializing_if = "Option::is_none")]
-    errors: Option<&'a [FieldError]>,
+    pub errors: Option<Vec<FieldError>>,
 }
 
 impl ApiError {
+    /// The label under which a refused `POST /v1/plans` is counted.
+    pub fn outcome_label(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::KeyReused => "key_reused",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "error",
+            ApiError::NotFound
+            | ApiError::BadIdempotencyKey(_)
+            | ApiError::MalformedJson(_)
+            | ApiError::BadQuery(_)
+            | ApiError::Invalid(_)
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::UnsupportedMediaType(_) => "invalid",
+        }
+    }
+
     fn slug_and_title(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
@@ -121,11 +143,11 @@ impl ResponseError for ApiError {
         let (slug, title) = self.slug_and_title();
         let problem = Problem {
             kind: format!("{PROBLEM_BASE}{slug}"),
-            title,
+            title: title.to_owned(),
             status: status.as_u16(),
             detail: self.detail(),
             errors: match self {
-                ApiError::Invalid(errors) => Some(errors),
+                ApiError::Invalid(errors) => Some(errors.clone()),
                 _ => None,
             },
         };
@@ -152,6 +174,7 @@ impl From<StorageError> for ApiError {
         use diesel::result::{DatabaseErrorKind, Error};
         match error {
             StorageError::Unavailable(cause) => ApiError::Unavailable(cause),
+            e @ StorageError::PendingMigrations(_) => ApiError::Unavailable(e.to_string()),
             StorageError::Query(
                 e @ (Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
                 | Error::BrokenTransactionManager),

@@ -2,10 +2,23 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
+use super::problem::Problem;
 use super::{ApiError, AppState, auth};
 use crate::intake::{Login, Permission, Receipt, feed};
 use crate::storage::plans::{self, FeedPosition, PlanRow};
 
+#[utoipa::path(get, path = "/v1/receipts/{receipt_id}", tag = "reading",
+    params(("receipt_id" = String, Path, description = "The receipt id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The receipt as stored", body = Receipt),
+        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "Bearer"))),
+        (status = 403, description = "The login may not read receipts", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown, or another maker's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 pub async fn get_receipt(
     req: HttpRequest,
     path: web::Path<String>,
@@ -21,8 +34,8 @@ struct FeedQuery {
     limit: Option<String>,
 }
 
-#[derive(serde::Serialize)]
-struct FeedPage {
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct FeedPage {
     receipts: Vec<Receipt>,
     next: String,
 }
@@ -30,6 +43,21 @@ struct FeedPage {
 /// `GET /v1/receipts?after=CURSOR&limit=N`: every receipt once, in feed
 /// order. `next` is always present; on an empty page it is the cursor sent,
 /// so readers poll with it.
+#[utoipa::path(get, path = "/v1/receipts", tag = "reading",
+    params(
+        ("after" = Option<String>, Query, description = "The `next` of the previous page; absent: from the start"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100)"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The next page; `next` is always present", body = FeedPage),
+        (status = 400, description = "A cursor this service did not issue, or a limit outside 1-1000", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "Bearer"))),
+        (status = 403, description = "The login lacks receipts:read", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 pub async fn list_receipts(
     req: HttpRequest,
     state: web::Data<AppState>,

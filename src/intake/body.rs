@@ -16,7 +16,7 @@ pub const MAX_INPUT_ID_CHARS: usize = 256;
 pub const MAX_APPROVED_INPUTS: u64 = 1000;
 
 /// One problem with one field, named by its path (`approved_inputs[2].id`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -40,7 +40,7 @@ impl RunId {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApprovedInput {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,6 +60,21 @@ impl Submission {
     pub fn approved_inputs_json(&self) -> Value {
         serde_json::to_value(&self.approved_inputs).unwrap_or(Value::Null)
     }
+}
+
+/// `POST /v1/plans`'s body as documented (parsing goes through `PlanBody`).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // ok: a schema only
+pub struct PlanRequest {
+    /// Not blank, at most 200 characters, no control or format characters.
+    #[schema(min_length = 1, max_length = 200)]
+    run_id: String,
+    /// 1 to 1000 entries; `id` not blank, at most 256 characters.
+    #[schema(min_items = 1, max_items = 1000)]
+    approved_inputs: Vec<ApprovedInput>,
+    /// The plan itself: any JSON object (I-JSON).
+    #[schema(value_type = Object)]
+    content: Map<String, Value>,
 }
 
 /// The body as sent. Unknown top-level fields (`permissions`, `maker`, …)

@@ -8,7 +8,7 @@ use crate::storage::plans::PlanRow;
 
 /// The receipt exactly as the SPEC shows it. `outcome` is present only in
 /// answers to `POST /v1/plans`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Receipt {
     pub receipt_id: String,
     pub maker: String,
@@ -18,15 +18,18 @@ pub struct Receipt {
     pub approved_inputs: Vec<String>,
     pub permissions: Vec<String>,
     pub received_at: String,
+    /// `created`, `replayed` or `already_received`; only in answers to POST.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub outcome: Option<&'static str>,
 }
 
 /// A plan with its receipt: `GET /v1/plans/{receipt_id}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct PlanView {
     pub receipt: Receipt,
     pub approved_inputs: Vec<ApprovedInput>,
+    #[schema(value_type = Object)]
     pub content: Value,
 }
 

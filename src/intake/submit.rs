@@ -64,19 +64,6 @@ impl From<diesel::result::Error> for SubmitError {
     }
 }
 
-impl SubmitError {
-    /// The label under which this answer is counted.
-    pub fn outcome_label(&self) -> &'static str {
-        match self {
-            SubmitError::KeyReused => "key_reused",
-            SubmitError::RetriesExhausted { .. }
-            | SubmitError::CommitUnknown { .. }
-            | SubmitError::Storage(StorageError::Unavailable(_)) => "unavailable",
-            _ => "error",
-        }
-    }
-}
-
 /// The write path and what it needs: the database, the retry policy and the
 /// counters. Cheap to clone; shared by every worker.
 #[derive(Clone)]
@@ -99,12 +86,7 @@ impl Intake {
         submission: &Submission,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        let result = self.write(login, key, submission, &parts);
-        match &result {
-            Ok(accepted) => self.metrics.outcome(accepted.outcome.as_str()),
-            Err(e) => self.metrics.outcome(e.outcome_label()),
-        }
-        result
+        self.write(login, key, submission, &parts)
     }
 
     fn write(

@@ -16,6 +16,9 @@ pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
 };
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use diesel::r2d2::ManageConnection;
 
 /// An opened database: the pool, and what it points at.
@@ -23,6 +26,8 @@ use diesel::r2d2::ManageConnection;
 pub struct Database {
     pub pool: DbPool,
     pub backend: Backend,
+    /// Callers inside `conn()` right now (r2d2 does not count its waiters).
+    waiting: Arc<AtomicI64>,
 }
 
 impl Database {
@@ -56,15 +61,33 @@ impl Database {
         Ok(Self {
             pool: build_pool(manager, options),
             backend,
+            waiting: Arc::default(),
         })
     }
 
     /// A pooled connection, or `Unavailable` when none frees up within the
     /// checkout timeout. Call only from blocking code (`web::block`).
     pub fn conn(&self) -> Result<PooledConn, StorageError> {
-        self.pool
-            .get()
-            .map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let conn = self.pool.get();
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        conn.map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
+    }
+
+    /// Callers waiting for a connection at this moment.
+    pub fn waiters(&self) -> i64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Ready to serve: the database answers and no migration is pending.
+    pub fn readiness(&self) -> Result<(), StorageError> {
+        let mut conn = self.conn()?;
+        let pending = migrations::pending(&mut conn)?;
+        if pending.is_empty() {
+            Ok(())
+        } else {
+            Err(StorageError::PendingMigrations(pending))
+        }
     }
 }
 

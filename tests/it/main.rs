@@ -7,6 +7,7 @@ mod dba;
 mod faults;
 mod feed;
 mod intake;
+mod operations;
 mod processes;
 mod schema;
 mod support;

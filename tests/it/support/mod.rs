@@ -11,7 +11,7 @@ use actix_web::body::BoxBody;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
-use actix_web::{App, test};
+use actix_web::test;
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, PgConnection, RunQueryDsl};
 use plan_intake::config::HttpConfig;
@@ -224,7 +224,7 @@ impl TestApp {
             intake,
             http: HttpConfig::default(),
         };
-        test::init_service(App::new().configure(http::configure(state))).await
+        test::init_service(http::app(state)).await
     }
 
     pub fn login(&self, name: &str, permissions: &[Permission]) -> String {
@@ -279,7 +279,8 @@ where
     let body = if bytes.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&bytes).expect("response body is JSON")
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
     };
     Answer {
         status,

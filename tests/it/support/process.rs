@@ -4,6 +4,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::sync::{Arc, Mutex};
+
 use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
@@ -12,12 +14,19 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
 pub struct ServeProcess {
     child: Child,
     pub addr: String,
+    /// Every line the service wrote to stderr so far.
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServeProcess {
     pub fn start(database_url: &str) -> Self {
+        Self::start_with(database_url, &[])
+    }
+
+    pub fn start_with(database_url: &str, extra_args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .args(["serve", "--bind", "127.0.0.1:0"])
+            .args(extra_args)
             .env("DATABASE_URL", database_url)
             .env("PLAN_INTAKE_LOG", "plan_intake=info")
             .stdout(Stdio::null())
@@ -26,6 +35,7 @@ impl ServeProcess {
             .expect("start plan-intake serve");
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
         let addr = loop {
             let line = match lines.next() {
                 Some(Ok(line)) => line,
@@ -34,17 +44,38 @@ impl ServeProcess {
                     child.try_wait()
                 ),
             };
-            if let Some((_, rest)) = line.split_once("listening addr=") {
+            log.lock().expect("log").push(line.clone());
+            let found = line
+                .split_once("listening addr=")
+                .map(|(_, rest)| rest)
+                .or_else(|| line.split_once(r#""addr":""#).map(|(_, rest)| rest));
+            if let Some(rest) = found {
                 break rest
-                    .split_whitespace()
+                    .split(|c: char| c.is_whitespace() || c == '"')
                     .next()
                     .unwrap_or_default()
                     .to_owned();
             }
         };
-        // Keep draining, so a full pipe never blocks the service's logging.
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, addr }
+        // Keep draining (a full pipe would block the service's logging) and keep the lines.
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().expect("log").push(line);
+            }
+        });
+        Self { child, addr, log }
+    }
+
+    /// SIGTERM, then the exit status once the process has stopped.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        self.child.wait().expect("wait for plan-intake")
     }
 
     /// SIGKILL: no shutdown, no flush, transactions cut wherever they are.

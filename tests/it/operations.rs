@@ -1,0 +1,336 @@
+//! Operating it: metrics, readiness, request logs, OpenAPI and shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+
+use actix_web::http::StatusCode;
+use actix_web::test::TestRequest;
+use plan_intake::intake::Permission;
+use plan_intake::storage::migrations;
+use serde_json::Value;
+
+use crate::on_both_backends;
+use crate::support::process::{ServeProcess, client, post_plan};
+use crate::support::{TestApp, TestDb, plan_body, post_plan as post_request, send};
+
+on_both_backends!(
+    metrics_count_each_outcome,
+    readyz_is_503_with_a_pending_migration_and_200_after_migrate_run,
+);
+
+/// The value of one sample line in Prometheus text, 0 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+async fn metrics_count_each_outcome(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let read = |text: &str, outcome: &str| {
+        sample(
+            text,
+            &format!("plan_intake_outcomes_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    let scrape = || async {
+        String::from_utf8_lossy(
+            &actix_web::test::read_body(
+                actix_web::test::call_service(
+                    &service,
+                    TestRequest::get().uri("/metrics").to_request(),
+                )
+                .await,
+            )
+            .await,
+        )
+        .into_owned()
+    };
+
+    let before = scrape().await;
+    send(
+        &service,
+        post_request(&token, "k1", &plan_body("run-1", "x")),
+    )
+    .await;
+    send(
+        &service,
+        post_request(&token, "k1", &plan_body("run-1", "x")),
+    )
+    .await;
+    send(&service, post_request(&token, "k2", r#"{"run_id":""}"#)).await;
+    send(
+        &service,
+        post_request("pit_wrong", "k3", &plan_body("run-3", "x")),
+    )
+    .await;
+    send(
+        &service,
+        post_request(&token, "k1", &plan_body("run-1", "other")),
+    )
+    .await;
+    let after = scrape().await;
+
+    for (outcome, moved) in [
+        ("created", 1.0),
+        ("replayed", 1.0),
+        ("invalid", 1.0),
+        ("unauthorized", 1.0),
+        ("key_reused", 1.0),
+    ] {
+        assert_eq!(
+            read(&after, outcome) - read(&before, outcome),
+            moved,
+            "{outcome}:\n{after}"
+        );
+    }
+    assert_eq!(read(&after, "already_received"), 0.0);
+    assert!(
+        sample(
+            &after,
+            "plan_intake_http_request_duration_seconds_count{route=\"/v1/plans\",status=\"201\"}"
+        ) >= 1.0,
+        "{after}"
+    );
+    assert!(after.contains("plan_intake_db_pool_connections"), "{after}");
+    assert!(after.contains("plan_intake_db_pool_waiters"), "{after}");
+}
+
+async fn readyz_is_503_with_a_pending_migration_and_200_after_migrate_run(db: TestDb) {
+    let app = TestApp::new(db);
+    let service = app.service().await;
+    assert_eq!(
+        send(&service, TestRequest::get().uri("/readyz"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    migrations::revert_last(&mut app.conn()).expect("revert");
+    let pending = send(&service, TestRequest::get().uri("/readyz")).await;
+    assert_eq!(pending.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(pending.header("retry-after").is_some());
+    assert_eq!(
+        send(&service, TestRequest::get().uri("/healthz"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    migrations::run_pending(&mut app.conn()).expect("migrate run");
+    assert_eq!(
+        send(&service, TestRequest::get().uri("/readyz"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+/// Every route and status of the SPEC, and the headers that carry meaning.
+const DOCUMENTED: &[(&str, &str, &[&str])] = &[
+    (
+        "/v1/plans",
+        "post",
+        &[
+            "200", "201", "400", "401", "403", "413", "415", "422", "503",
+        ],
+    ),
+    (
+        "/v1/plans/{receipt_id}",
+        "get",
+        &["200", "401", "403", "404", "503"],
+    ),
+    ("/v1/receipts", "get", &["200", "400", "401", "403", "503"]),
+    (
+        "/v1/receipts/{receipt_id}",
+        "get",
+        &["200", "401", "403", "404", "503"],
+    ),
+    ("/healthz", "get", &["200"]),
+    ("/readyz", "get", &["200", "503"]),
+    ("/metrics", "get", &["200"]),
+    ("/openapi.json", "get", &["200"]),
+];
+
+#[actix_web::test]
+async fn the_openapi_document_covers_every_route_status_and_header() {
+    let app = TestApp::new(TestDb::sqlite());
+    let service = app.service().await;
+    let answer = send(&service, TestRequest::get().uri("/openapi.json")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let doc = answer.body;
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with('3')));
+
+    let paths = doc["paths"].as_object().expect("paths");
+    assert_eq!(
+        paths.len(),
+        DOCUMENTED.len(),
+        "documented paths: {:?}",
+        paths.keys().collect::<Vec<_>>()
+    );
+    for (path, method, statuses) in DOCUMENTED {
+        let operation = &doc["paths"][path][method];
+        assert!(operation.is_object(), "{method} {path} is missing");
+        for status in *statuses {
+            assert!(
+                operation["responses"][status].is_object(),
+                "{method} {path} lacks {status}"
+            );
+        }
+        // And the route is really served.
+        let probe = match *method {
+            "post" => TestRequest::post(),
+            _ => TestRequest::get(),
+        };
+        let served = send(&service, probe.uri(&path.replace("{receipt_id}", "rcpt_x"))).await;
+        // Unauthenticated, a served route answers 401 (or its own answer), never the fallback 404.
+        assert!(
+            served.body["type"]
+                .as_str()
+                .is_none_or(|t| !t.ends_with("/not-found")),
+            "{path} is documented but not served"
+        );
+    }
+    let post = &doc["paths"]["/v1/plans"]["post"];
+    let params: Vec<&str> = post["parameters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert!(params.contains(&"Idempotency-Key"), "{params:?}");
+    assert!(post["requestBody"]["content"]["application/json"].is_object());
+    assert!(post["responses"]["201"]["headers"]["Location"].is_object());
+    assert!(post["responses"]["200"]["headers"]["Idempotent-Replayed"].is_object());
+    assert!(post["responses"]["401"]["headers"]["WWW-Authenticate"].is_object());
+    assert!(post["responses"]["503"]["headers"]["Retry-After"].is_object());
+    assert!(post["responses"]["422"]["content"]["application/problem+json"].is_object());
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    for schema in [
+        "Receipt",
+        "PlanRequest",
+        "Problem",
+        "FieldError",
+        "FeedPage",
+        "PlanView",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "schema {schema} missing"
+        );
+    }
+}
+
+#[test]
+fn a_request_log_line_carries_the_request_id_and_never_the_token_or_body() {
+    let scratch = TestDb::sqlite();
+    let url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let server = ServeProcess::start_with(&url, &["--log-format", "json"]);
+    let body = plan_body("run-1", "BODY-SECRET-MARKER");
+    let response = client()
+        .post(&format!("http://{}/v1/plans", server.addr))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Idempotency-Key", "key-for-the-log")
+        .set("Content-Type", "application/json")
+        .set("X-Request-Id", "req-log-test-1")
+        .send_string(&body)
+        .expect("201");
+    assert_eq!(response.header("x-request-id"), Some("req-log-test-1"));
+    let log = Arc::clone(&server.log);
+    assert!(server.terminate().success());
+
+    let lines = log.lock().expect("log").clone();
+    let line = lines
+        .iter()
+        .find(|l| l.contains("req-log-test-1"))
+        .expect("a log line with the request id");
+    let fields: Value = serde_json::from_str(line).expect("JSON log line");
+    assert_eq!(fields["status"], 201);
+    assert_eq!(fields["route"], "/v1/plans");
+    assert_eq!(fields["maker"], "planner-a");
+    assert_eq!(fields["idempotency_key"], "key-for-the-log");
+    assert!(fields["latency_ms"].is_number());
+    for line in &lines {
+        assert!(!line.contains(&token[4..]), "a token was logged: {line}");
+        assert!(
+            !line.contains("BODY-SECRET-MARKER"),
+            "a body was logged: {line}"
+        );
+    }
+}
+
+#[test]
+fn sigterm_during_a_burst_answers_every_request_completely_and_exits_0() {
+    let scratch = TestDb::sqlite();
+    let url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let server = ServeProcess::start(&url);
+
+    let answered = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let (addr, token, answered, stop) = (
+                server.addr.clone(),
+                token.clone(),
+                Arc::clone(&answered),
+                Arc::clone(&stop),
+            );
+            thread::spawn(move || {
+                let agent = client();
+                let mut created = Vec::new();
+                for i in 0.. {
+                    let body = plan_body(&format!("run-{c}-{i}"), "x");
+                    match post_plan(&agent, &addr, &token, &format!("k-{c}-{i}"), &body) {
+                        Ok((status, receipt)) => {
+                            // A response that arrived is a whole one: it parsed, and it is a receipt.
+                            assert_eq!(status, 201, "{receipt}");
+                            created.push(
+                                receipt["receipt_id"]
+                                    .as_str()
+                                    .expect("complete receipt")
+                                    .to_owned(),
+                            );
+                            answered.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(_) if stop.load(Ordering::SeqCst) => break,
+                        Err(e) => panic!("refused before shutdown: {e}"),
+                    }
+                }
+                created
+            })
+        })
+        .collect();
+    while answered.load(Ordering::SeqCst) < 40 {
+        thread::yield_now();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let status = server.terminate();
+    let created: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+    assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    let mut conn = app.conn();
+    for receipt in &created {
+        assert!(
+            plan_intake::storage::plans::find_by_receipt(&mut conn, receipt)
+                .expect("query")
+                .is_some()
+        );
+    }
+    assert_eq!(
+        app.count("plans"),
+        created.len() as i64,
+        "a plan was kept but its answer lost"
+    );
+}
