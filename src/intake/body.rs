@@ -14,6 +14,9 @@ use super::ijson::{self, JsonError};
 pub const MAX_RUN_ID_CHARS: usize = 200;
 pub const MAX_INPUT_ID_CHARS: usize = 256;
 pub const MAX_APPROVED_INPUTS: u64 = 1000;
+pub const MAX_DIGEST_CHARS: usize = 256;
+/// The `field` of a problem with the body as a whole.
+pub const WHOLE_BODY: &str = "body";
 
 /// One problem with one field, named by its path (`approved_inputs[2].id`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -99,6 +102,7 @@ struct PlanBody {
 struct ApprovedInputBody {
     #[validate(custom(function = "check_input_id"))]
     id: String,
+    #[validate(custom(function = "check_digest"))]
     digest: Option<String>,
 }
 
@@ -108,16 +112,20 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
             BodyError::Malformed(format!("body is not valid JSON: {message}"))
         }
         JsonError::NotIJson(message) => BodyError::Invalid(vec![FieldError {
-            field: String::new(),
+            field: WHOLE_BODY.to_owned(),
             message: format!("body is not I-JSON (RFC 7493): {message}"),
         }]),
     })?;
     if !value.is_object() {
-        return Err(invalid("", "body must be a JSON object"));
+        return Err(invalid(WHOLE_BODY, "body must be a JSON object"));
     }
     let body: PlanBody = serde_path_to_error::deserialize(value).map_err(|e| {
         let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
+        let field = if field == "." {
+            WHOLE_BODY.to_owned()
+        } else {
+            field
+        };
         invalid(&field, &e.into_inner().to_string())
     })?;
     body.validate()
@@ -127,7 +135,7 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
     else {
         // `validate` refused every missing field above; this arm is unreachable.
         return Err(invalid(
-            "",
+            WHOLE_BODY,
             "run_id, approved_inputs and content are required",
         ));
     };
@@ -157,6 +165,10 @@ fn check_run_id(run_id: &str) -> Result<(), ValidationError> {
 
 fn check_input_id(id: &str) -> Result<(), ValidationError> {
     check_text(id, MAX_INPUT_ID_CHARS)
+}
+
+fn check_digest(digest: &str) -> Result<(), ValidationError> {
+    check_text(digest, MAX_DIGEST_CHARS)
 }
 
 /// Not blank (empty or only Unicode white space), at most `max` characters,

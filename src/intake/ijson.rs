@@ -4,11 +4,14 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 /// The largest integer every double represents exactly (2^53).
 const MAX_EXACT_INTEGER: u64 = 1 << 53;
+/// Deepest nesting of arrays and objects accepted (serde_json's own limit,
+/// 128, would answer a less precise syntax error).
+pub const MAX_DEPTH: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JsonError {
@@ -41,11 +44,39 @@ struct StrictValue(Value);
 
 impl<'de> Deserialize<'de> for StrictValue {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrictVisitor).map(StrictValue)
+        StrictVisitor { depth: 0 }
+            .deserialize(deserializer)
+            .map(StrictValue)
     }
 }
 
-struct StrictVisitor;
+/// Builds a `Value`, refusing what I-JSON forbids; `depth` counts the
+/// arrays and objects around the value being read.
+#[derive(Clone, Copy)]
+struct StrictVisitor {
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl StrictVisitor {
+    fn nested<E: de::Error>(self) -> Result<Self, E> {
+        if self.depth >= MAX_DEPTH {
+            return Err(E::custom(format!(
+                "arrays and objects nest deeper than {MAX_DEPTH} levels"
+            )));
+        }
+        Ok(Self {
+            depth: self.depth + 1,
+        })
+    }
+}
 
 impl<'de> Visitor<'de> for StrictVisitor {
     type Value = Value;
@@ -91,20 +122,22 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = self.nested()?;
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-        while let Some(StrictValue(item)) = seq.next_element()? {
+        while let Some(item) = seq.next_element_seed(inner)? {
             items.push(item);
         }
         Ok(Value::Array(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let inner = self.nested()?;
         let mut map = Map::new();
         while let Some(key) = access.next_key::<String>()? {
             if map.contains_key(&key) {
                 return Err(de::Error::custom(format!("duplicate member name `{key}`")));
             }
-            let StrictValue(value) = access.next_value()?;
+            let value = access.next_value_seed(inner)?;
             map.insert(key, value);
         }
         Ok(Value::Object(map))
@@ -158,6 +191,17 @@ mod tests {
         assert!(matches!(parse(b"{\"a\":"), Err(JsonError::Syntax(_))));
         assert!(matches!(parse(b"not json"), Err(JsonError::Syntax(_))));
         assert!(matches!(parse(b"{} {}"), Err(JsonError::Syntax(_))));
+    }
+
+    #[test]
+    fn refuses_nesting_past_the_limit() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse(nested(MAX_DEPTH).as_bytes()).is_ok());
+        assert!(matches!(
+            parse(nested(MAX_DEPTH + 1).as_bytes()),
+            Err(JsonError::NotIJson(_))
+        ));
+        assert!(parse(nested(100_000).as_bytes()).is_err());
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod hashing;
 pub mod idempotency_key;
 pub mod ijson;
 pub mod login;
+#[cfg(test)]
+mod properties;
 pub mod receipt;
 pub mod retry;
 pub mod submit;

@@ -256,8 +256,9 @@ async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
 }
 
 /// Our transaction holds plan X and waits for key K; the blocker holds K and
-/// then asks for X. Postgres breaks the cycle by aborting ours (it waited
-/// first); the service retries the whole transaction.
+/// then asks for X. The victim is the session whose `deadlock_timeout`
+/// expires first with the cycle in place: ours (2 s) rather than the
+/// blocker's (60 s); the service retries the whole transaction.
 #[actix_web::test]
 async fn a_real_deadlock_is_retried_and_counted() {
     let Some(scratch) = TestDb::postgres() else {
@@ -265,7 +266,7 @@ async fn a_real_deadlock_is_retried_and_counted() {
     };
     let schema = scratch.schema.clone().unwrap_or_default();
     let direct_url = scratch.url.clone();
-    let url = scratch.postgres_url_with(&[]);
+    let url = scratch.postgres_url_with(&[("deadlock_timeout", "2000")]);
     let app = TestApp::with(
         scratch,
         AppOptions {
@@ -281,7 +282,8 @@ async fn a_real_deadlock_is_retried_and_counted() {
     let mut blocker = PgConnection::establish(&direct_url).expect("connect");
     blocker
         .batch_execute(
-            "BEGIN;
+            "SET deadlock_timeout = '60s';
+             BEGIN;
              INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
                   VALUES ('rcpt_blocker', 'planner-a', 'blocker-run', 'h', 'h', '{}', '[]', '[]', now());
              INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)

@@ -6,6 +6,7 @@ mod cli;
 mod dba;
 mod faults;
 mod feed;
+mod hostile;
 mod intake;
 mod operations;
 mod processes;

@@ -355,3 +355,18 @@ pub fn competing_plan(maker: &str, body: &str) -> plan_intake::storage::plans::N
 pub fn execute_batch(conn: &mut DbConn, sql: &str) {
     plan_intake::with_conn!(conn, c => c.batch_execute(sql)).expect("execute batch");
 }
+
+#[derive(diesel::QueryableByName)]
+struct ReceiptIdRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    receipt_id: String,
+}
+
+/// Every receipt id in `plans`, read directly (not through the feed).
+pub fn stored_receipt_ids(conn: &mut DbConn) -> std::collections::HashSet<String> {
+    plan_intake::with_conn!(conn, c => diesel::sql_query("SELECT receipt_id FROM plans").load::<ReceiptIdRow>(c))
+        .expect("read receipt ids")
+        .into_iter()
+        .map(|r| r.receipt_id)
+        .collect()
+}

@@ -1,0 +1,177 @@
+//! Property tests of the door and the hashes, over generated documents.
+
+use proptest::prelude::*;
+use proptest::test_runner::TestRng;
+use rand::seq::SliceRandom;
+use serde_json::{Map, Value, json};
+
+use super::body::{self, BodyError};
+use super::hashing;
+
+/// Any I-JSON value: integers within ±2^53, finite doubles, any strings.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (-(1i64 << 53)..=(1i64 << 53)).prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        ".*".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(".{0,8}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+fn json_object() -> impl Strategy<Value = Map<String, Value>> {
+    prop::collection::btree_map("[a-z]{1,6}", json_value(), 0..6)
+        .prop_map(|m| m.into_iter().collect())
+}
+
+/// `value` as JSON text with its object members in a shuffled order and
+/// random white space between tokens.
+fn render_shuffled(value: &Value, rng: &mut TestRng, out: &mut String) {
+    let space = |rng: &mut TestRng, out: &mut String| {
+        let choices = ["", " ", "\n", "\t", "  \r\n "];
+        out.push_str(choices[rng.random_range(0..choices.len())]);
+    };
+    space(rng, out);
+    match value {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                render_shuffled(item, rng, out);
+            }
+            out.push(']');
+        }
+        Value::Object(members) => {
+            let mut members: Vec<_> = members.iter().collect();
+            members.shuffle(rng);
+            out.push('{');
+            for (i, (key, item)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                space(rng, out);
+                out.push_str(&Value::String(key.clone()).to_string());
+                space(rng, out);
+                out.push(':');
+                render_shuffled(item, rng, out);
+            }
+            out.push('}');
+        }
+        leaf => out.push_str(&leaf.to_string()),
+    }
+    space(rng, out);
+}
+
+fn submission_body(content: &Map<String, Value>) -> Value {
+    json!({
+        "run_id": "run-1",
+        "approved_inputs": [{"id": "in-1", "digest": "blake3:00"}, {"id": "in-2"}],
+        "content": content,
+    })
+}
+
+fn hashes_of(text: &str) -> hashing::Hashes {
+    let submission = body::parse(text.as_bytes()).expect("a valid body");
+    hashing::canonicalize(&submission)
+        .expect("canonical")
+        .hashes
+}
+
+fn count_leaves(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => items.iter().map(count_leaves).sum(),
+        Value::Object(members) => members.values().map(count_leaves).sum(),
+        _ => 1,
+    }
+}
+
+/// Changes one leaf somewhere in `value` (chosen by `pick`); false if it has none.
+fn mutate_one_leaf(value: &mut Value, pick: &mut usize) -> bool {
+    match value {
+        Value::Array(items) => items.iter_mut().any(|item| mutate_one_leaf(item, pick)),
+        Value::Object(members) => members.values_mut().any(|item| mutate_one_leaf(item, pick)),
+        leaf => {
+            if *pick > 0 {
+                *pick -= 1;
+                return false;
+            }
+            let changed = match &*leaf {
+                Value::Null => Value::from(0),
+                Value::Bool(b) => Value::Bool(!*b),
+                Value::Number(n) if n.as_f64() == Some(0.0) => Value::from(1),
+                // Doubling changes every finite non-zero number (overflow gives null).
+                Value::Number(n) => Value::from(n.as_f64().unwrap_or(1.0) * 2.0),
+                Value::String(s) => Value::String(format!("{s}x")),
+                other => other.clone(),
+            };
+            *leaf = changed;
+            true
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn hashes_ignore_member_order_and_white_space(content in json_object(), seed in any::<u64>()) {
+        let body = submission_body(&content);
+        let mut rng = TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed.to_le_bytes().repeat(4));
+        let mut shuffled = String::new();
+        render_shuffled(&body, &mut rng, &mut shuffled);
+        prop_assert_eq!(hashes_of(&body.to_string()), hashes_of(&shuffled));
+    }
+
+    #[test]
+    fn hashes_change_with_any_value(content in json_object(), pick in 0usize..32) {
+        let mut changed = content.clone();
+        let mut as_value = Value::Object(changed.clone());
+        let leaves = count_leaves(&as_value);
+        prop_assume!(leaves > 0);
+        let mut index = pick % leaves;
+        prop_assert!(mutate_one_leaf(&mut as_value, &mut index));
+        if let Value::Object(members) = as_value {
+            changed = members;
+        }
+        let before = hashes_of(&submission_body(&content).to_string());
+        let after = hashes_of(&submission_body(&changed).to_string());
+        prop_assert_ne!(before.content_hash, after.content_hash);
+        prop_assert_ne!(before.request_hash, after.request_hash);
+    }
+
+    #[test]
+    fn no_byte_string_makes_the_door_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = body::parse(&bytes);
+    }
+
+    #[test]
+    fn every_refusal_names_its_field(document in prop::collection::btree_map(
+        prop_oneof![Just("run_id".to_owned()), Just("approved_inputs".to_owned()), Just("content".to_owned()), "[a-z]{1,4}"],
+        json_value(),
+        0..5,
+    )) {
+        let text = Value::Object(document.into_iter().collect()).to_string();
+        match body::parse(text.as_bytes()) {
+            Ok(submission) => prop_assert!(!submission.run_id.as_str().trim().is_empty()),
+            Err(BodyError::Invalid(errors)) => {
+                prop_assert!(!errors.is_empty());
+                for error in errors {
+                    prop_assert!(!error.field.is_empty(), "unnamed field: {:?}", error);
+                    prop_assert!(!error.message.is_empty());
+                }
+            }
+            Err(BodyError::Malformed(m)) => prop_assert!(false, "valid JSON called malformed: {}", m),
+        }
+    }
+}
