@@ -70,7 +70,11 @@ impl Submission {
 #[allow(dead_code)] // ok: a schema only
 pub struct PlanRequest {
     /// Not blank, at most 200 characters, no control or format characters.
-    #[schema(min_length = 1, max_length = 200)]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     run_id: String,
     /// 1 to 1000 entries; `id` not blank, at most 256 characters.
     #[schema(min_items = 1, max_items = 1000)]
