@@ -40,7 +40,16 @@ pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
     }
 }
 
-fn bearer_token(req: &HttpRequest) -> Result<&str, ApiError> {
+/// The login behind `token` on an already checked-out connection: for
+/// handlers that go on to use the same connection.
+pub fn authenticate_on(
+    conn: &mut crate::storage::DbConn,
+    token: &str,
+) -> Result<Login, ApiError> {
+    logins::authenticate(conn, token)?.ok_or(ApiError::Unauthorized("unknown or revoked token"))
+}
+
+pub fn bearer_token(req: &HttpRequest) -> Result<&str, ApiError> {
     let value = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -10,7 +10,7 @@ use super::{IdempotencyKey, Login, Submission};
 use crate::metrics::{Metrics, UnknownCommitBranch};
 use crate::storage::errors::{FailureClass, classify};
 use crate::storage::plans::{self, NewPlan, PlanRow};
-use crate::storage::{Database, DbConn, StorageError};
+use crate::storage::{Database, DbConn, PooledConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -86,11 +86,25 @@ impl Intake {
         submission: &Submission,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        self.write(login, key, submission, &parts)
+        self.write(None, login, key, submission, &parts)
+    }
+
+    /// As [`Intake::submit`], with the first attempt on a connection the
+    /// caller already holds.
+    pub fn submit_on(
+        &self,
+        conn: PooledConn,
+        login: &Login,
+        key: &IdempotencyKey,
+        submission: &Submission,
+    ) -> Result<Accepted, SubmitError> {
+        let parts = hashing::canonicalize(submission)?;
+        self.write(Some(conn), login, key, submission, &parts)
     }
 
     fn write(
         &self,
+        mut first_conn: Option<PooledConn>,
         login: &Login,
         key: &IdempotencyKey,
         submission: &Submission,
@@ -103,7 +117,10 @@ impl Intake {
         loop {
             attempt += 1;
             let plan = new_plan(login, submission, parts);
-            let mut conn = self.db.conn()?;
+            let mut conn = match first_conn.take() {
+                Some(conn) => conn,
+                None => self.db.conn()?,
+            };
             let failure = match plans::insert_plan_with_key(&mut conn, &plan, key.as_str()) {
                 Ok(row) => return Ok(accepted(Outcome::Created, row)),
                 Err(failure) => failure,

@@ -1,0 +1,368 @@
+//! `cargo bench --bench intake -- [--backend sqlite|postgres|both]
+//!  [--concurrency N] [--duration SECS]`
+//!
+//! For each backend: a fresh database, the real service (this build's
+//! binary) on a random port, N keep-alive HTTP/1.1 clients through three
+//! scenarios (new plans, replays, one contended key), and in the same run
+//! the baseline: the same two-row transaction straight through diesel with
+//! the same concurrency and no HTTP. Prints one table and writes the same
+//! figures to `target/bench-intake.json`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection};
+use plan_intake::intake::Permission;
+use plan_intake::storage::plans::{NewPlan, insert_plan_with_key};
+use plan_intake::storage::{Database, MigrateOnOpen, PoolOptions};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
+
+struct Options {
+    backends: Vec<&'static str>,
+    concurrency: usize,
+    duration: Duration,
+    postgres_url: String,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        backends: vec!["sqlite", "postgres"],
+        concurrency: 16,
+        duration: Duration::from_secs(10),
+        postgres_url: std::env::var("PLAN_INTAKE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--backend" => {
+                options.backends = match value.as_str() {
+                    "sqlite" => vec!["sqlite"],
+                    "postgres" => vec!["postgres"],
+                    _ => vec!["sqlite", "postgres"],
+                };
+                i += 1;
+            }
+            "--concurrency" => {
+                options.concurrency = value.parse().expect("--concurrency N");
+                i += 1;
+            }
+            "--duration" => {
+                options.duration = Duration::from_secs(value.parse().expect("--duration SECS"));
+                i += 1;
+            }
+            _ => {} // cargo passes `--bench`
+        }
+        i += 1;
+    }
+    options
+}
+
+/// Latencies of one scenario, and its errors.
+struct Run {
+    latencies: Vec<Duration>,
+    errors: u64,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        sorted[index]
+    }
+}
+
+/// Runs `work(client, sequence)` from `concurrency` threads for `duration`.
+fn drive<S: Send + 'static>(
+    concurrency: usize,
+    duration: Duration,
+    setup: impl Fn(usize) -> S + Send + Sync + 'static,
+    work: impl Fn(&mut S, usize, u64) -> bool + Send + Sync + 'static,
+) -> Run {
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let setup = Arc::new(setup);
+    let work = Arc::new(work);
+    let started = Instant::now();
+    let threads: Vec<_> = (0..concurrency)
+        .map(|client| {
+            let (stop, errors, setup, work) = (Arc::clone(&stop), Arc::clone(&errors), Arc::clone(&setup), Arc::clone(&work));
+            thread::spawn(move || {
+                let mut state = setup(client);
+                let mut latencies = Vec::new();
+                let mut sequence = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let begun = Instant::now();
+                    if work(&mut state, client, sequence) {
+                        latencies.push(begun.elapsed());
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    sequence += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let latencies = threads.into_iter().flat_map(|t| t.join().expect("client thread")).collect();
+    Run {
+        latencies,
+        errors: errors.load(Ordering::Relaxed),
+        elapsed: started.elapsed(),
+    }
+}
+
+fn body(run: &str) -> String {
+    json!({
+        "run_id": run,
+        "approved_inputs": [{"id": "forecast-v12", "digest": "blake3:00ff"}, {"id": "prices-v3"}],
+        "content": {"lines": [{"sku": "A-1", "qty": 3}, {"sku": "B-2", "qty": 1.5}], "note": "benchmark"},
+    })
+    .to_string()
+}
+
+fn post(agent: &ureq::Agent, addr: &str, token: &str, key: &str, body: &str, expect: &[u16]) -> bool {
+    let answer = agent
+        .post(&format!("http://{addr}/v1/plans"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Idempotency-Key", key)
+        .set("Content-Type", "application/json")
+        .send_string(body);
+    match answer {
+        Ok(response) => {
+            let status = response.status();
+            let _ = response.into_string();
+            expect.contains(&status)
+        }
+        Err(_) => false,
+    }
+}
+
+struct Service {
+    child: Child,
+    addr: String,
+}
+
+impl Service {
+    fn start(url: &str, pool_size: u32) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--bind", "127.0.0.1:0", "--pool-size", &pool_size.to_string()])
+            .env("DATABASE_URL", url)
+            .env("PLAN_INTAKE_LOG", "warn,plan_intake::serve=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the service");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let addr = loop {
+            let line = lines.next().expect("service exited").expect("read");
+            if let Some((_, rest)) = line.split_once("listening addr=") {
+                break rest.split_whitespace().next().unwrap_or_default().to_owned();
+            }
+        };
+        thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    /// Peak resident set (VmHWM), in MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh database for one backend: URL, and how to remove it.
+fn fresh_database(backend: &str, options: &Options) -> (String, Box<dyn FnOnce()>) {
+    let tag = format!("{}_{}", std::process::id(), rand::random::<u32>());
+    match backend {
+        "sqlite" => {
+            let dir = std::env::temp_dir().join(format!("plan-intake-bench-{tag}"));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let url = format!("sqlite://{}", dir.join("bench.db").display());
+            (url, Box::new(move || drop(std::fs::remove_dir_all(dir))))
+        }
+        _ => {
+            let schema = format!("bench_{tag}");
+            let base = options.postgres_url.clone();
+            PgConnection::establish(&base)
+                .expect("connect to Postgres (is it running?)")
+                .batch_execute(&format!("CREATE SCHEMA {schema}"))
+                .expect("create the benchmark schema");
+            let separator = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
+            (
+                url,
+                Box::new(move || {
+                    if let Ok(mut c) = PgConnection::establish(&base) {
+                        let _ = c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+                    }
+                }),
+            )
+        }
+    }
+}
+
+struct Row {
+    backend: &'static str,
+    scenario: &'static str,
+    run: Run,
+    rss_mib: Option<f64>,
+    ratio: Option<f64>,
+}
+
+fn main() {
+    let options = options();
+    let mut rows: Vec<Row> = Vec::new();
+    for backend in options.backends.clone() {
+        let (url, cleanup) = fresh_database(backend, &options);
+        let pool_size = if backend == "postgres" { options.concurrency as u32 } else { 8 };
+        let db = Database::open(
+            &url,
+            &PoolOptions {
+                max_size: pool_size,
+                ..PoolOptions::default()
+            },
+            MigrateOnOpen::Apply,
+        )
+        .expect("open the benchmark database");
+        let token = {
+            let mut conn = db.conn().expect("connection");
+            plan_intake::logins::create(&mut conn, "bench", &[Permission::PlansSubmit]).expect("login")
+        };
+
+        // The baseline: the same two-row transaction, straight through diesel.
+        let baseline_db = db.clone();
+        let baseline = drive(
+            options.concurrency,
+            options.duration,
+            |_| (),
+            move |_, client, sequence| {
+                let Ok(mut conn) = baseline_db.conn() else { return false };
+                let plan = NewPlan {
+                    receipt_id: format!("rcpt_base_{client}_{sequence}"),
+                    maker: "bench".to_owned(),
+                    run_id: format!("base-{client}-{sequence}"),
+                    content_hash: format!("blake3:base-{client}-{sequence}"),
+                    request_hash: format!("blake3:base-{client}-{sequence}"),
+                    content: r#"{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}"#.to_owned(),
+                    approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#.to_owned(),
+                    permissions: r#"["plans:submit"]"#.to_owned(),
+                    received_at: plan_intake::intake::submit::now_micros(),
+                };
+                insert_plan_with_key(&mut conn, &plan, &format!("base-{client}-{sequence}")).is_ok()
+            },
+        );
+        let baseline_rate = baseline.rate();
+
+        let service = Service::start(&url, pool_size);
+        let addr = service.addr.clone();
+        let client = |_: usize| ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+
+        let (a, t) = (addr.clone(), token.clone());
+        let new_plans = drive(options.concurrency, options.duration, client, move |agent, c, s| {
+            post(agent, &a, &t, &format!("new-{c}-{s}"), &body(&format!("new-{c}-{s}")), &[201])
+        });
+
+        let (a, t) = (addr.clone(), token.clone());
+        let replays = drive(options.concurrency, options.duration, client, move |agent, c, s| {
+            // Replays of keys the new-plan scenario created (client c, its first 200).
+            let n = s % 200;
+            post(agent, &a, &t, &format!("new-{c}-{n}"), &body(&format!("new-{c}-{n}")), &[200])
+        });
+
+        let (a, t) = (addr.clone(), token.clone());
+        let contended_body = body("contended");
+        let contended = drive(options.concurrency, options.duration, client, move |agent, _, _| {
+            post(agent, &a, &t, "one-key", &contended_body, &[200, 201])
+        });
+        let rss = service.peak_rss_mib();
+        drop(service);
+
+        let ratio = |run: &Run| Some(run.rate() / baseline_rate);
+        rows.push(Row { backend, scenario: "baseline (diesel, no HTTP)", rss_mib: None, ratio: Some(1.0), run: baseline });
+        rows.push(Row { backend, scenario: "new plans", rss_mib: Some(rss), ratio: ratio(&new_plans), run: new_plans });
+        rows.push(Row { backend, scenario: "replays", rss_mib: Some(rss), ratio: ratio(&replays), run: replays });
+        rows.push(Row { backend, scenario: "one contended key", rss_mib: Some(rss), ratio: ratio(&contended), run: contended });
+        drop(db);
+        cleanup();
+    }
+
+    println!(
+        "\nconcurrency {}, {} s per scenario, {} cores\n",
+        options.concurrency,
+        options.duration.as_secs(),
+        thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | service / baseline |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut json_rows = Vec::new();
+    for row in &rows {
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            row.backend,
+            row.scenario,
+            row.run.rate(),
+            ms(row.run.percentile(0.5)),
+            ms(row.run.percentile(0.99)),
+            ms(row.run.percentile(1.0)),
+            row.run.errors,
+            row.rss_mib.map_or("-".to_owned(), |r| format!("{r:.1}")),
+            row.ratio.map_or("-".to_owned(), |r| format!("{r:.2}")),
+        );
+        json_rows.push(json!({
+            "backend": row.backend,
+            "scenario": row.scenario,
+            "requests_per_second": row.run.rate(),
+            "p50_ms": ms(row.run.percentile(0.5)),
+            "p99_ms": ms(row.run.percentile(0.99)),
+            "max_ms": ms(row.run.percentile(1.0)),
+            "errors": row.run.errors,
+            "service_peak_rss_mib": row.rss_mib,
+            "service_over_baseline": row.ratio,
+        }));
+    }
+    let report = json!({
+        "concurrency": options.concurrency,
+        "duration_seconds": options.duration.as_secs(),
+        "rows": json_rows,
+    });
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-intake.json");
+    match std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default()) {
+        Ok(()) => println!("\nwritten to {path}"),
+        Err(e) => eprintln!("cannot write {path}: {e}"),
+    }
+}
