@@ -15,10 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use diesel::PgConnection;
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, PgConnection};
+use diesel::prelude::*;
 use plan_intake::intake::Permission;
-use plan_intake::storage::plans::{NewPlan, insert_plan_with_key};
+use plan_intake::storage::DbConn;
+use plan_intake::storage::plans::NewPlan;
+use plan_intake::storage::schema::{intake_keys, plans};
 use plan_intake::storage::{Database, MigrateOnOpen, PoolOptions};
 use serde_json::json;
 
@@ -104,7 +107,12 @@ fn drive<S: Send + 'static>(
     let started = Instant::now();
     let threads: Vec<_> = (0..concurrency)
         .map(|client| {
-            let (stop, errors, setup, work) = (Arc::clone(&stop), Arc::clone(&errors), Arc::clone(&setup), Arc::clone(&work));
+            let (stop, errors, setup, work) = (
+                Arc::clone(&stop),
+                Arc::clone(&errors),
+                Arc::clone(&setup),
+                Arc::clone(&work),
+            );
             thread::spawn(move || {
                 let mut state = setup(client);
                 let mut latencies = Vec::new();
@@ -124,11 +132,41 @@ fn drive<S: Send + 'static>(
         .collect();
     thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
-    let latencies = threads.into_iter().flat_map(|t| t.join().expect("client thread")).collect();
+    let latencies = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client thread"))
+        .collect();
     Run {
         latencies,
         errors: errors.load(Ordering::Relaxed),
         elapsed: started.elapsed(),
+    }
+}
+
+fn hand_rolled_insert(conn: &mut DbConn, plan: &NewPlan, key: &str) -> diesel::QueryResult<()> {
+    macro_rules! both_rows {
+        ($c:expr, $begin:ident) => {
+            $c.$begin(|c| -> diesel::QueryResult<()> {
+                let id: i64 = diesel::insert_into(plans::table)
+                    .values(plan)
+                    .returning(plans::id)
+                    .get_result(c)?;
+                diesel::insert_into(intake_keys::table)
+                    .values((
+                        intake_keys::maker.eq(&plan.maker),
+                        intake_keys::idempotency_key.eq(key),
+                        intake_keys::request_hash.eq(&plan.request_hash),
+                        intake_keys::plan_id.eq(id),
+                        intake_keys::created_at.eq(plan.received_at),
+                    ))
+                    .execute(c)?;
+                Ok(())
+            })
+        };
+    }
+    match conn {
+        DbConn::Postgres(c) => both_rows!(c, transaction),
+        DbConn::Sqlite(c) => both_rows!(c, immediate_transaction),
     }
 }
 
@@ -141,7 +179,14 @@ fn body(run: &str) -> String {
     .to_string()
 }
 
-fn post(agent: &ureq::Agent, addr: &str, token: &str, key: &str, body: &str, expect: &[u16]) -> bool {
+fn post(
+    agent: &ureq::Agent,
+    addr: &str,
+    token: &str,
+    key: &str,
+    body: &str,
+    expect: &[u16],
+) -> bool {
     let answer = agent
         .post(&format!("http://{addr}/v1/plans"))
         .set("Authorization", &format!("Bearer {token}"))
@@ -166,7 +211,13 @@ struct Service {
 impl Service {
     fn start(url: &str, pool_size: u32) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--bind", "127.0.0.1:0", "--pool-size", &pool_size.to_string()])
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--pool-size",
+                &pool_size.to_string(),
+            ])
             .env("DATABASE_URL", url)
             .env("PLAN_INTAKE_LOG", "warn,plan_intake::serve=info")
             .stdout(Stdio::null())
@@ -177,22 +228,45 @@ impl Service {
         let addr = loop {
             let line = lines.next().expect("service exited").expect("read");
             if let Some((_, rest)) = line.split_once("listening addr=") {
-                break rest.split_whitespace().next().unwrap_or_default().to_owned();
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
             }
         };
         thread::spawn(move || for _ in lines {});
         Self { child, addr }
     }
 
+    /// CPU seconds the service has used so far (user + system).
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds_of(&self.child.id().to_string())
+    }
+
     /// Peak resident set (VmHWM), in MiB.
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
             .map_or(0.0, |kb| kb / 1024.0)
     }
+}
+
+/// User + system CPU seconds of a process, from `/proc/PID/stat`.
+fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the `(comm)`, which may hold spaces: utime and stime are 14 and 15.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
 }
 
 impl Drop for Service {
@@ -239,6 +313,8 @@ struct Row {
     run: Run,
     rss_mib: Option<f64>,
     ratio: Option<f64>,
+    /// CPU ms per request: (service, load generator).
+    cpu: Option<(f64, f64)>,
 }
 
 fn main() {
@@ -246,7 +322,11 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     for backend in options.backends.clone() {
         let (url, cleanup) = fresh_database(backend, &options);
-        let pool_size = if backend == "postgres" { options.concurrency as u32 } else { 8 };
+        let pool_size = if backend == "postgres" {
+            options.concurrency as u32
+        } else {
+            8
+        };
         let db = Database::open(
             &url,
             &PoolOptions {
@@ -258,7 +338,8 @@ fn main() {
         .expect("open the benchmark database");
         let token = {
             let mut conn = db.conn().expect("connection");
-            plan_intake::logins::create(&mut conn, "bench", &[Permission::PlansSubmit]).expect("login")
+            plan_intake::logins::create(&mut conn, "bench", &[Permission::PlansSubmit])
+                .expect("login")
         };
 
         // The baseline: the same two-row transaction, straight through diesel.
@@ -268,7 +349,9 @@ fn main() {
             options.duration,
             |_| (),
             move |_, client, sequence| {
-                let Ok(mut conn) = baseline_db.conn() else { return false };
+                let Ok(mut conn) = baseline_db.conn() else {
+                    return false;
+                };
                 let plan = NewPlan {
                     receipt_id: format!("rcpt_base_{client}_{sequence}"),
                     maker: "bench".to_owned(),
@@ -280,40 +363,114 @@ fn main() {
                     permissions: r#"["plans:submit"]"#.to_owned(),
                     received_at: plan_intake::intake::submit::now_micros(),
                 };
-                insert_plan_with_key(&mut conn, &plan, &format!("base-{client}-{sequence}")).is_ok()
+                hand_rolled_insert(&mut conn, &plan, &format!("base-{client}-{sequence}")).is_ok()
             },
         );
         let baseline_rate = baseline.rate();
 
         let service = Service::start(&url, pool_size);
         let addr = service.addr.clone();
-        let client = |_: usize| ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+        let client = |_: usize| {
+            ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(30))
+                .build()
+        };
+        // CPU milliseconds per request, of the service and of this load generator.
+        let cpu_mark = || (service.cpu_seconds(), cpu_seconds_of("self"));
+        let cpu_per_request = |mark: (f64, f64), run: &Run| {
+            let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
+            (
+                per(service.cpu_seconds() - mark.0),
+                per(cpu_seconds_of("self") - mark.1),
+            )
+        };
 
         let (a, t) = (addr.clone(), token.clone());
-        let new_plans = drive(options.concurrency, options.duration, client, move |agent, c, s| {
-            post(agent, &a, &t, &format!("new-{c}-{s}"), &body(&format!("new-{c}-{s}")), &[201])
-        });
+        let mark = cpu_mark();
+        let new_plans = drive(
+            options.concurrency,
+            options.duration,
+            client,
+            move |agent, c, s| {
+                post(
+                    agent,
+                    &a,
+                    &t,
+                    &format!("new-{c}-{s}"),
+                    &body(&format!("new-{c}-{s}")),
+                    &[201],
+                )
+            },
+        );
+        let new_cpu = cpu_per_request(mark, &new_plans);
 
         let (a, t) = (addr.clone(), token.clone());
-        let replays = drive(options.concurrency, options.duration, client, move |agent, c, s| {
-            // Replays of keys the new-plan scenario created (client c, its first 200).
-            let n = s % 200;
-            post(agent, &a, &t, &format!("new-{c}-{n}"), &body(&format!("new-{c}-{n}")), &[200])
-        });
+        let mark = cpu_mark();
+        let replays = drive(
+            options.concurrency,
+            options.duration,
+            client,
+            move |agent, c, s| {
+                // Replays of keys the new-plan scenario created (client c, its first 200).
+                let n = s % 200;
+                post(
+                    agent,
+                    &a,
+                    &t,
+                    &format!("new-{c}-{n}"),
+                    &body(&format!("new-{c}-{n}")),
+                    &[200],
+                )
+            },
+        );
+        let replay_cpu = cpu_per_request(mark, &replays);
 
         let (a, t) = (addr.clone(), token.clone());
         let contended_body = body("contended");
-        let contended = drive(options.concurrency, options.duration, client, move |agent, _, _| {
-            post(agent, &a, &t, "one-key", &contended_body, &[200, 201])
-        });
+        let mark = cpu_mark();
+        let contended = drive(
+            options.concurrency,
+            options.duration,
+            client,
+            move |agent, _, _| post(agent, &a, &t, "one-key", &contended_body, &[200, 201]),
+        );
+        let contended_cpu = cpu_per_request(mark, &contended);
         let rss = service.peak_rss_mib();
         drop(service);
 
         let ratio = |run: &Run| Some(run.rate() / baseline_rate);
-        rows.push(Row { backend, scenario: "baseline (diesel, no HTTP)", rss_mib: None, ratio: Some(1.0), run: baseline });
-        rows.push(Row { backend, scenario: "new plans", rss_mib: Some(rss), ratio: ratio(&new_plans), run: new_plans });
-        rows.push(Row { backend, scenario: "replays", rss_mib: Some(rss), ratio: ratio(&replays), run: replays });
-        rows.push(Row { backend, scenario: "one contended key", rss_mib: Some(rss), ratio: ratio(&contended), run: contended });
+        rows.push(Row {
+            backend,
+            scenario: "baseline (diesel, no HTTP)",
+            rss_mib: None,
+            ratio: Some(1.0),
+            cpu: None,
+            run: baseline,
+        });
+        rows.push(Row {
+            backend,
+            scenario: "new plans",
+            rss_mib: Some(rss),
+            ratio: ratio(&new_plans),
+            cpu: Some(new_cpu),
+            run: new_plans,
+        });
+        rows.push(Row {
+            backend,
+            scenario: "replays",
+            rss_mib: Some(rss),
+            ratio: ratio(&replays),
+            cpu: Some(replay_cpu),
+            run: replays,
+        });
+        rows.push(Row {
+            backend,
+            scenario: "one contended key",
+            rss_mib: Some(rss),
+            ratio: ratio(&contended),
+            cpu: Some(contended_cpu),
+            run: contended,
+        });
         drop(db);
         cleanup();
     }
@@ -325,14 +482,14 @@ fn main() {
         thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | service / baseline |"
+        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | service / baseline | CPU ms/request: service, load generator |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut json_rows = Vec::new();
     for row in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             row.backend,
             row.scenario,
             row.run.rate(),
@@ -342,6 +499,9 @@ fn main() {
             row.run.errors,
             row.rss_mib.map_or("-".to_owned(), |r| format!("{r:.1}")),
             row.ratio.map_or("-".to_owned(), |r| format!("{r:.2}")),
+            row.cpu.map_or("-".to_owned(), |(service, client)| format!(
+                "{service:.3}, {client:.3}"
+            )),
         );
         json_rows.push(json!({
             "backend": row.backend,
@@ -353,6 +513,8 @@ fn main() {
             "errors": row.run.errors,
             "service_peak_rss_mib": row.rss_mib,
             "service_over_baseline": row.ratio,
+            "service_cpu_ms_per_request": row.cpu.map(|c| c.0),
+            "load_generator_cpu_ms_per_request": row.cpu.map(|c| c.1),
         }));
     }
     let report = json!({
@@ -361,7 +523,10 @@ fn main() {
         "rows": json_rows,
     });
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-intake.json");
-    match std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default()) {
+    match std::fs::write(
+        path,
+        serde_json::to_string_pretty(&report).unwrap_or_default(),
+    ) {
         Ok(()) => println!("\nwritten to {path}"),
         Err(e) => eprintln!("cannot write {path}: {e}"),
     }

@@ -32,4 +32,6 @@ pub struct ServeConfig {
     pub migrate: bool,
     /// How long a stopping server waits for requests in flight.
     pub shutdown_timeout_secs: u64,
+    /// HTTP worker threads; `None`: one per CPU.
+    pub workers: Option<usize>,
 }

@@ -81,6 +81,9 @@ enum Command {
             value_parser = clap::value_parser!(u64).range(1..=600_000)
         )]
         sqlite_busy_timeout_ms: u64,
+        /// HTTP worker threads (default: one per CPU)
+        #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
+        workers: Option<u16>,
         /// On SIGTERM or Ctrl-C, seconds to let requests in flight finish
         #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
         shutdown_timeout_secs: u64,
@@ -201,6 +204,7 @@ fn run(command: Command) -> Result<(), String> {
             retry_max_delay_ms,
             sqlite_busy_timeout_ms,
             shutdown_timeout_secs,
+            workers,
         } => serve::run(ServeConfig {
             bind,
             database_url: db.database_url,
@@ -217,6 +221,7 @@ fn run(command: Command) -> Result<(), String> {
             },
             migrate: !no_migrate,
             shutdown_timeout_secs,
+            workers: workers.map(usize::from),
         })
         .map_err(|e| e.to_string()),
         Command::Migrate { db, action } => {

@@ -44,8 +44,12 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
         // flight finish (up to the shutdown timeout), then `run` returns and
         // the pool is dropped, closing its connections.
-        let server = HttpServer::new(move || http::app(state.clone()))
-            .shutdown_timeout(config.shutdown_timeout_secs)
+        let mut server = HttpServer::new(move || http::app(state.clone()))
+            .shutdown_timeout(config.shutdown_timeout_secs);
+        if let Some(workers) = config.workers {
+            server = server.workers(workers);
+        }
+        let server = server
             .bind(&config.bind)
             .map_err(|source| ServeError::Bind {
                 bind: config.bind.clone(),

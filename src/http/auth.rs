@@ -42,10 +42,7 @@ pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
 
 /// The login behind `token` on an already checked-out connection: for
 /// handlers that go on to use the same connection.
-pub fn authenticate_on(
-    conn: &mut crate::storage::DbConn,
-    token: &str,
-) -> Result<Login, ApiError> {
+pub fn authenticate_on(conn: &mut crate::storage::DbConn, token: &str) -> Result<Login, ApiError> {
     logins::authenticate(conn, token)?.ok_or(ApiError::Unauthorized("unknown or revoked token"))
 }
 

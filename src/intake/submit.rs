@@ -121,7 +121,11 @@ impl Intake {
                 Some(conn) => conn,
                 None => self.db.conn()?,
             };
-            let failure = match plans::insert_plan_with_key(&mut conn, &plan, key.as_str()) {
+            let written = {
+                let _turn = self.db.write_turn();
+                plans::insert_plan_with_key(&mut conn, &plan, key.as_str())
+            };
+            let failure = match written {
                 Ok(row) => return Ok(accepted(Outcome::Created, row)),
                 Err(failure) => failure,
             };

@@ -16,8 +16,8 @@ pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
 };
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use diesel::r2d2::ManageConnection;
 
@@ -28,6 +28,8 @@ pub struct Database {
     pub backend: Backend,
     /// Callers inside `conn()` right now (r2d2 does not count its waiters).
     waiting: Arc<AtomicI64>,
+    /// SQLite only: queues this process's writers (see [`Database::write_turn`]).
+    writers: Arc<Mutex<()>>,
 }
 
 impl Database {
@@ -62,6 +64,7 @@ impl Database {
             pool: build_pool(manager, options),
             backend,
             waiting: Arc::default(),
+            writers: Arc::default(),
         })
     }
 
@@ -72,6 +75,19 @@ impl Database {
         let conn = self.pool.get();
         self.waiting.fetch_sub(1, Ordering::Relaxed);
         conn.map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
+    }
+
+    /// SQLite admits one writer at a time, and a writer refused with BUSY
+    /// sleeps in SQLite's busy handler with growing back-off, so under load
+    /// writers would wake late and in no order. Queuing this process's writers
+    /// here instead hands the write lock on at once, in arrival order. This is
+    /// about latency, not correctness: the unique indexes still decide every
+    /// race, including those with other processes. Postgres: no queue.
+    pub fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
+        match self.backend {
+            Backend::Sqlite => Some(self.writers.lock().unwrap_or_else(PoisonError::into_inner)),
+            Backend::Postgres => None,
+        }
     }
 
     /// Callers waiting for a connection at this moment.

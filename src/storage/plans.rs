@@ -7,7 +7,7 @@ use diesel::prelude::*;
 
 use super::DbConn;
 use super::schema::{intake_keys, plans};
-use crate::{with_conn, write_transaction};
+use crate::with_conn;
 
 /// A plan row as stored. Every column, so the whole row can be compared.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
@@ -52,6 +52,22 @@ struct NewIntakeKey<'a> {
 }
 
 impl NewPlan {
+    /// This plan as the row it became under `id`.
+    pub fn stored_as(&self, id: i64) -> PlanRow {
+        PlanRow {
+            id,
+            receipt_id: self.receipt_id.clone(),
+            maker: self.maker.clone(),
+            run_id: self.run_id.clone(),
+            content_hash: self.content_hash.clone(),
+            request_hash: self.request_hash.clone(),
+            content: self.content.clone(),
+            approved_inputs: self.approved_inputs.clone(),
+            permissions: self.permissions.clone(),
+            received_at: self.received_at,
+        }
+    }
+
     /// True when `row` is exactly this plan as written: its own receipt id
     /// and every column. A row that merely shares the key is another attempt's.
     pub fn is_stored_as(&self, row: &PlanRow) -> bool {
@@ -78,47 +94,94 @@ impl NewPlan {
     }
 }
 
-/// A failed two-row write, and whether the transaction's body had finished:
-/// if so, the error came from COMMIT and its outcome is unknown.
+/// A failed two-row write, and whether the statement that commits had been
+/// sent: if so, a lost connection or a cancel leaves the outcome unknown.
 #[derive(Debug)]
 pub struct WriteFailure {
     pub error: diesel::result::Error,
     pub commit_sent: bool,
 }
 
-/// Writes the plan row and its key row in one transaction: both or neither.
+/// Postgres: both rows in one statement, committed on its own. One round
+/// trip instead of BEGIN, two INSERTs and COMMIT; a unique violation on
+/// either row fails the whole statement, so it is both or neither. The
+/// foreign key is checked at the end of the statement, when the plan row
+/// from the CTE exists.
+const INSERT_PLAN_AND_KEY: &str = "WITH plan AS (
+    INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                       approved_inputs, permissions, received_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING id
+)
+INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+SELECT $2, $10, $5, plan.id, $9 FROM plan
+RETURNING plan_id";
+
+#[derive(QueryableByName)]
+struct InsertedPlan {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    plan_id: i64,
+}
+
+/// Writes the plan row and its key row atomically: both or neither.
 ///
-/// Errors leave the closure untouched: a unique violation swallowed inside a
-/// Postgres transaction would turn COMMIT into a silent ROLLBACK.
+/// Postgres: one statement outside any explicit transaction (see
+/// `INSERT_PLAN_AND_KEY`). SQLite: `BEGIN IMMEDIATE`, two INSERTs, COMMIT;
+/// errors leave the closure untouched, since a violation swallowed inside a
+/// transaction would let COMMIT keep half of it (PITFALLS #1).
 pub fn insert_plan_with_key(
     conn: &mut DbConn,
     plan: &NewPlan,
     idempotency_key: &str,
 ) -> Result<PlanRow, WriteFailure> {
-    // Set as the body's last step: diesel reports a connection cut during the
-    // body and one during COMMIT with the same error.
-    let body_done = Cell::new(false);
-    write_transaction!(conn, c => {
-        let row: PlanRow = diesel::insert_into(plans::table)
-            .values(plan)
-            .returning(PlanRow::as_returning())
-            .get_result(c)?;
-        diesel::insert_into(intake_keys::table)
-            .values(NewIntakeKey {
-                maker: &plan.maker,
-                idempotency_key,
-                request_hash: &plan.request_hash,
-                plan_id: row.id,
-                created_at: plan.received_at,
+    use diesel::sql_types::{Text, Timestamp};
+    match conn {
+        DbConn::Postgres(pg) => diesel::sql_query(INSERT_PLAN_AND_KEY)
+            .bind::<Text, _>(&plan.receipt_id)
+            .bind::<Text, _>(&plan.maker)
+            .bind::<Text, _>(&plan.run_id)
+            .bind::<Text, _>(&plan.content_hash)
+            .bind::<Text, _>(&plan.request_hash)
+            .bind::<Text, _>(&plan.content)
+            .bind::<Text, _>(&plan.approved_inputs)
+            .bind::<Text, _>(&plan.permissions)
+            .bind::<Timestamp, _>(plan.received_at)
+            .bind::<Text, _>(idempotency_key)
+            .get_result::<InsertedPlan>(pg)
+            .map(|inserted| plan.stored_as(inserted.plan_id))
+            // The statement commits itself: once sent, its outcome is
+            // unknown if the connection goes.
+            .map_err(|error| WriteFailure {
+                error,
+                commit_sent: true,
+            }),
+        DbConn::Sqlite(lite) => {
+            // Set as the body's last step: diesel reports a failure during the
+            // body and one during COMMIT with the same error (PITFALLS #2).
+            let body_done = Cell::new(false);
+            lite.immediate_transaction(|c| {
+                let row: PlanRow = diesel::insert_into(plans::table)
+                    .values(plan)
+                    .returning(PlanRow::as_returning())
+                    .get_result(c)?;
+                diesel::insert_into(intake_keys::table)
+                    .values(NewIntakeKey {
+                        maker: &plan.maker,
+                        idempotency_key,
+                        request_hash: &plan.request_hash,
+                        plan_id: row.id,
+                        created_at: plan.received_at,
+                    })
+                    .execute(c)?;
+                body_done.set(true);
+                Ok(row)
             })
-            .execute(c)?;
-        body_done.set(true);
-        Ok(row)
-    })
-    .map_err(|error| WriteFailure {
-        error,
-        commit_sent: body_done.get(),
-    })
+            .map_err(|error| WriteFailure {
+                error,
+                commit_sent: body_done.get(),
+            })
+        }
+    }
 }
 
 /// The key row's request hash and the plan it points at.

@@ -90,7 +90,7 @@ impl std::fmt::Display for Backend {
 }
 
 /// One open connection to either backend. Code that must differ per backend
-/// matches on this in one small place (see `with_conn!` and `write_transaction!`).
+/// matches on this in one small place (the two-row write, the migrations).
 pub enum DbConn {
     Postgres(PgConnection),
     Sqlite(SqliteConnection),
@@ -113,19 +113,6 @@ macro_rules! with_conn {
         match $db {
             $crate::storage::DbConn::Postgres($conn) => $body,
             $crate::storage::DbConn::Sqlite($conn) => $body,
-        }
-    };
-}
-
-/// A write transaction: READ COMMITTED on Postgres, `BEGIN IMMEDIATE` on
-/// SQLite (a deferred transaction that reads then writes fails at once with
-/// "database is locked", busy timeout or not).
-#[macro_export]
-macro_rules! write_transaction {
-    ($db:expr, $conn:ident => $body:expr) => {
-        match $db {
-            $crate::storage::DbConn::Postgres(pg) => pg.transaction(|$conn| $body),
-            $crate::storage::DbConn::Sqlite(lite) => lite.immediate_transaction(|$conn| $body),
         }
     };
 }

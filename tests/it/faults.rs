@@ -188,11 +188,12 @@ async fn failed_reread_answers_503_and_a_later_retry_gets_the_one_receipt() {
     assert_eq!(app.count("intake_keys"), 1);
 }
 
-/// A deferred trigger holds the first COMMIT open; the server then cancels
-/// that COMMIT (57014, as a statement timeout would). That is an unknown
+/// A deferred trigger holds the first commit of the write statement open
+/// (it runs when the statement's implicit transaction commits); the server
+/// then cancels it (57014, as a statement timeout would). That is an unknown
 /// outcome to be re-read, not a rollback to be assumed. (PostgreSQL 15 does
-/// not arm `statement_timeout` for COMMIT itself, checked by hand: the cancel
-/// comes from `pg_cancel_backend`, with the same SQLSTATE.)
+/// not arm `statement_timeout` for an explicit COMMIT, checked by hand, so
+/// the cancel comes from `pg_cancel_backend`, with the same SQLSTATE.)
 #[actix_web::test]
 async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
     let Some(scratch) = TestDb::postgres() else {
@@ -223,14 +224,14 @@ async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
 
     let committing = format!(
         "SELECT COUNT(*) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND query = 'COMMIT' AND wait_event = 'PgSleep'"
+          WHERE application_name = '{schema}' AND query LIKE 'WITH plan AS%' AND wait_event = 'PgSleep'"
     );
     let cancel = format!(
         "SELECT COUNT(pg_cancel_backend(pid)) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND query = 'COMMIT' AND wait_event = 'PgSleep'"
+          WHERE application_name = '{schema}' AND query LIKE 'WITH plan AS%' AND wait_event = 'PgSleep'"
     );
     let cancel_the_commit = async {
-        wait_until("the service sleeps inside COMMIT", || {
+        wait_until("the service sleeps inside its commit", || {
             scalar(&mut app.conn(), &committing) == 1
         })
         .await;

@@ -1,6 +1,8 @@
 //! A fault-injecting TCP proxy between the service's pool and Postgres. It
-//! reads the frontend protocol just far enough to find the simple-query
-//! `COMMIT` that ends a transaction, and can act on it:
+//! reads the frontend protocol just far enough to find the moment a write
+//! commits: a simple-query `COMMIT`, or the `Sync` that ends (and so
+//! autocommits) an extended-protocol statement that writes `intake_keys`.
+//! It can act on that moment:
 //!
 //! - `CutBeforeCommit`: close both sides without forwarding it (it did not land);
 //! - `CutAfterCommit`: forward it, let the server answer, swallow the answer
@@ -162,9 +164,17 @@ impl Session {
         // The startup packet: length (itself included), then its body.
         let startup = read_untyped(&mut self.client)?;
         self.server.write_all(&startup)?;
+        // An unnamed statement writing intake_keys was parsed: its Sync commits it.
+        let mut write_pending = false;
         loop {
             let message = read_typed(&mut self.client)?;
-            if is_commit(&message) {
+            if message[0] == b'P' {
+                write_pending =
+                    String::from_utf8_lossy(&message[5..]).contains("INSERT INTO intake_keys");
+            }
+            let commits =
+                is_commit(&message) || (message[0] == b'S' && std::mem::take(&mut write_pending));
+            if commits {
                 let armed = self.shared.armed.lock().expect("lock").take();
                 if let Some(armed) = armed {
                     self.shared.fired.lock().expect("lock").push(armed.fault);
