@@ -121,11 +121,7 @@ impl Intake {
                 Some(conn) => conn,
                 None => self.db.conn()?,
             };
-            let written = {
-                let _turn = self.db.write_turn();
-                plans::insert_plan_with_key(&mut conn, &plan, key.as_str())
-            };
-            let failure = match written {
+            let failure = match self.db.write_plan(&mut conn, &plan, key.as_str()) {
                 Ok(row) => return Ok(accepted(Outcome::Created, row)),
                 Err(failure) => failure,
             };

@@ -6,6 +6,7 @@ pub mod schema;
 
 pub mod catalog;
 pub mod errors;
+mod group_commit;
 pub mod logins;
 pub mod migrations;
 pub mod plans;
@@ -16,10 +17,11 @@ pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
 };
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use diesel::r2d2::ManageConnection;
+use group_commit::WriteQueue;
 
 /// An opened database: the pool, and what it points at.
 #[derive(Clone)]
@@ -28,8 +30,8 @@ pub struct Database {
     pub backend: Backend,
     /// Callers inside `conn()` right now (r2d2 does not count its waiters).
     waiting: Arc<AtomicI64>,
-    /// SQLite only: queues this process's writers (see [`Database::write_turn`]).
-    writers: Arc<Mutex<()>>,
+    /// SQLite only: this process's writers, committed in groups.
+    writers: Arc<WriteQueue>,
 }
 
 impl Database {
@@ -77,16 +79,20 @@ impl Database {
         conn.map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
     }
 
-    /// SQLite admits one writer at a time, and a writer refused with BUSY
-    /// sleeps in SQLite's busy handler with growing back-off, so under load
-    /// writers would wake late and in no order. Queuing this process's writers
-    /// here instead hands the write lock on at once, in arrival order. This is
-    /// about latency, not correctness: the unique indexes still decide every
-    /// race, including those with other processes. Postgres: no queue.
-    pub fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
-        match self.backend {
-            Backend::Sqlite => Some(self.writers.lock().unwrap_or_else(PoisonError::into_inner)),
-            Backend::Postgres => None,
+    /// Writes a plan and its key row, both or neither. Postgres: one
+    /// statement on `conn`. SQLite: through the group-commit queue, which
+    /// hands the write lock on at once and commits many plans with one fsync
+    /// instead of leaving writers to SQLite's busy handler (see
+    /// `group_commit`).
+    pub fn write_plan(
+        &self,
+        conn: &mut DbConn,
+        plan: &plans::NewPlan,
+        idempotency_key: &str,
+    ) -> Result<plans::PlanRow, plans::WriteFailure> {
+        match conn {
+            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key),
+            DbConn::Postgres(_) => plans::insert_plan_with_key(conn, plan, idempotency_key),
         }
     }
 

@@ -160,19 +160,7 @@ pub fn insert_plan_with_key(
             // body and one during COMMIT with the same error (PITFALLS #2).
             let body_done = Cell::new(false);
             lite.immediate_transaction(|c| {
-                let row: PlanRow = diesel::insert_into(plans::table)
-                    .values(plan)
-                    .returning(PlanRow::as_returning())
-                    .get_result(c)?;
-                diesel::insert_into(intake_keys::table)
-                    .values(NewIntakeKey {
-                        maker: &plan.maker,
-                        idempotency_key,
-                        request_hash: &plan.request_hash,
-                        plan_id: row.id,
-                        created_at: plan.received_at,
-                    })
-                    .execute(c)?;
+                let row = insert_both_rows(c, plan, idempotency_key)?;
                 body_done.set(true);
                 Ok(row)
             })
@@ -182,6 +170,29 @@ pub fn insert_plan_with_key(
             })
         }
     }
+}
+
+/// The plan row, then its key row, inside a transaction (or savepoint) the
+/// caller holds. SQLite only; errors go back to the caller untouched.
+pub(super) fn insert_both_rows(
+    c: &mut diesel::SqliteConnection,
+    plan: &NewPlan,
+    idempotency_key: &str,
+) -> QueryResult<PlanRow> {
+    let row: PlanRow = diesel::insert_into(plans::table)
+        .values(plan)
+        .returning(PlanRow::as_returning())
+        .get_result(c)?;
+    diesel::insert_into(intake_keys::table)
+        .values(NewIntakeKey {
+            maker: &plan.maker,
+            idempotency_key,
+            request_hash: &plan.request_hash,
+            plan_id: row.id,
+            created_at: plan.received_at,
+        })
+        .execute(c)?;
+    Ok(row)
 }
 
 /// The key row's request hash and the plan it points at.
