@@ -102,31 +102,30 @@ pub struct WriteFailure {
     pub commit_sent: bool,
 }
 
-/// Postgres: both rows in one statement, committed on its own. One round
-/// trip instead of BEGIN, two INSERTs and COMMIT; a unique violation on
-/// either row fails the whole statement, so it is both or neither. The
-/// foreign key is checked at the end of the statement, when the plan row
-/// from the CTE exists.
-const INSERT_PLAN_AND_KEY: &str = "WITH plan AS (
-    INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
-                       approved_inputs, permissions, received_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    RETURNING id
-)
-INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
-SELECT $2, $10, $5, plan.id, $9 FROM plan
-RETURNING plan_id";
-
-#[derive(QueryableByName)]
-struct InsertedPlan {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    plan_id: i64,
+diesel::define_sql_function! {
+    /// Postgres: the two-row write (migration `…_add_plan_intake_write`).
+    /// A function call through the DSL is prepared once per connection.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_intake_write(
+        receipt_id: diesel::sql_types::Text,
+        maker: diesel::sql_types::Text,
+        run_id: diesel::sql_types::Text,
+        content_hash: diesel::sql_types::Text,
+        request_hash: diesel::sql_types::Text,
+        content: diesel::sql_types::Text,
+        approved_inputs: diesel::sql_types::Text,
+        permissions: diesel::sql_types::Text,
+        received_at: diesel::sql_types::Timestamp,
+        idempotency_key: diesel::sql_types::Text,
+    ) -> diesel::sql_types::BigInt;
 }
 
 /// Writes the plan row and its key row atomically: both or neither.
 ///
-/// Postgres: one statement outside any explicit transaction (see
-/// `INSERT_PLAN_AND_KEY`). SQLite: `BEGIN IMMEDIATE`, two INSERTs, COMMIT;
+/// Postgres: one statement, `SELECT plan_intake_write(…)`, outside any
+/// explicit transaction: one round trip instead of BEGIN, two INSERTs and
+/// COMMIT; a unique violation on either row fails the whole statement.
+/// SQLite: `BEGIN IMMEDIATE`, two INSERTs, COMMIT;
 /// errors leave the closure untouched, since a violation swallowed inside a
 /// transaction would let COMMIT keep half of it (PITFALLS #1).
 pub fn insert_plan_with_key(
@@ -134,27 +133,27 @@ pub fn insert_plan_with_key(
     plan: &NewPlan,
     idempotency_key: &str,
 ) -> Result<PlanRow, WriteFailure> {
-    use diesel::sql_types::{Text, Timestamp};
     match conn {
-        DbConn::Postgres(pg) => diesel::sql_query(INSERT_PLAN_AND_KEY)
-            .bind::<Text, _>(&plan.receipt_id)
-            .bind::<Text, _>(&plan.maker)
-            .bind::<Text, _>(&plan.run_id)
-            .bind::<Text, _>(&plan.content_hash)
-            .bind::<Text, _>(&plan.request_hash)
-            .bind::<Text, _>(&plan.content)
-            .bind::<Text, _>(&plan.approved_inputs)
-            .bind::<Text, _>(&plan.permissions)
-            .bind::<Timestamp, _>(plan.received_at)
-            .bind::<Text, _>(idempotency_key)
-            .get_result::<InsertedPlan>(pg)
-            .map(|inserted| plan.stored_as(inserted.plan_id))
-            // The statement commits itself: once sent, its outcome is
-            // unknown if the connection goes.
-            .map_err(|error| WriteFailure {
-                error,
-                commit_sent: true,
-            }),
+        DbConn::Postgres(pg) => diesel::select(plan_intake_write(
+            &plan.receipt_id,
+            &plan.maker,
+            &plan.run_id,
+            &plan.content_hash,
+            &plan.request_hash,
+            &plan.content,
+            &plan.approved_inputs,
+            &plan.permissions,
+            plan.received_at,
+            idempotency_key,
+        ))
+        .get_result::<i64>(pg)
+        .map(|plan_id| plan.stored_as(plan_id))
+        // The statement commits itself: once sent, its outcome is
+        // unknown if the connection goes.
+        .map_err(|error| WriteFailure {
+            error,
+            commit_sent: true,
+        }),
         DbConn::Sqlite(lite) => {
             // Set as the body's last step: diesel reports a failure during the
             // body and one during COMMIT with the same error (PITFALLS #2).

@@ -106,7 +106,7 @@ fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
     let status = plan_intake(&db, &["migrate", "status"]);
     let listed = String::from_utf8_lossy(&status.stdout);
     assert!(
-        listed.lines().all(|l| l.starts_with("applied")) && listed.lines().count() == 4,
+        listed.lines().all(|l| l.starts_with("applied")) && listed.lines().count() == 5,
         "{listed}"
     );
 }

@@ -46,7 +46,9 @@ fn objects(db: &TestDb) -> Vec<String> {
             "SELECT relname::text || ' ' || relkind::text AS line FROM pg_class
               WHERE relnamespace = current_schema()::regnamespace
              UNION ALL
-             SELECT conname::text AS line FROM pg_constraint WHERE connamespace = current_schema()::regnamespace"
+             SELECT conname::text AS line FROM pg_constraint WHERE connamespace = current_schema()::regnamespace
+             UNION ALL
+             SELECT 'function ' || proname::text AS line FROM pg_proc WHERE pronamespace = current_schema()::regnamespace"
         }
         DbConn::Sqlite(_) => "SELECT type || ' ' || name || ' ' || coalesce(sql, '') AS line FROM sqlite_master",
     };
@@ -77,7 +79,7 @@ fn migrate_print_shows_the_sql_and_changes_nothing(db: TestDb) {
     let out = plan_intake(&db, &["migrate", "print"]);
     let sql = String::from_utf8_lossy(&out.stdout);
     assert!(
-        sql.contains("-- 2026-11-30-000004_add_plans_feed_position"),
+        sql.contains("-- 2026-11-30-000005_add_plan_intake_write"),
         "{sql}"
     );
     assert!(
@@ -93,9 +95,14 @@ fn revert_then_run_returns_to_the_same_schema(db: TestDb) {
     assert!(succeeded(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr)
-            .contains("reverted 2026-11-30-000004_add_plans_feed_position")
+            .contains("reverted 2026-11-30-000005_add_plan_intake_write")
     );
-    assert_ne!(objects(&db), migrated);
+    let status = plan_intake(&db, &["migrate", "status"]);
+    let listed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        listed.contains("pending  2026-11-30-000005_add_plan_intake_write"),
+        "{listed}"
+    );
 
     let refused = plan_intake(&db, &["serve", "--no-migrate", "--bind", "127.0.0.1:0"]);
     assert!(
@@ -105,7 +112,7 @@ fn revert_then_run_returns_to_the_same_schema(db: TestDb) {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("2026-11-30-000004_add_plans_feed_position"),
+        stderr.contains("2026-11-30-000005_add_plan_intake_write"),
         "{stderr}"
     );
 
@@ -132,7 +139,7 @@ fn two_concurrent_migrate_runs_apply_each_migration_once(db: TestDb) {
     let mut conn = database.conn().expect("connection");
     assert_eq!(
         crate::support::count_rows(&mut conn, "__diesel_schema_migrations"),
-        4
+        5
     );
     assert!(
         plan_intake::storage::migrations::pending(&mut conn)

@@ -224,11 +224,11 @@ async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
 
     let committing = format!(
         "SELECT COUNT(*) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND query LIKE 'WITH plan AS%' AND wait_event = 'PgSleep'"
+          WHERE application_name = '{schema}' AND query LIKE '%plan_intake_write%' AND wait_event = 'PgSleep'"
     );
     let cancel = format!(
         "SELECT COUNT(pg_cancel_backend(pid)) AS n FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND query LIKE 'WITH plan AS%' AND wait_event = 'PgSleep'"
+          WHERE application_name = '{schema}' AND query LIKE '%plan_intake_write%' AND wait_event = 'PgSleep'"
     );
     let cancel_the_commit = async {
         wait_until("the service sleeps inside its commit", || {

@@ -133,6 +133,9 @@ fn dump_schema(conn: &mut DbConn) -> Vec<String> {
               WHERE connamespace = current_schema()::regnamespace
                 AND conrelid::regclass::text <> '__diesel_schema_migrations'
              UNION ALL
+             SELECT 'function ' || proname || '(' || pg_get_function_identity_arguments(oid) || ')'
+               FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
+             UNION ALL
              SELECT indexdef FROM pg_indexes
               WHERE schemaname = current_schema() AND tablename <> '__diesel_schema_migrations'"
         }
@@ -223,11 +226,12 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
 
 /// Every migration ever added, in the order it was added. Append only: a
 /// new migration is added here last and must also sort last.
-const MIGRATION_HISTORY: [&str; 4] = [
+const MIGRATION_HISTORY: [&str; 5] = [
     "2026-11-30-000001_create_logins",
     "2026-11-30-000002_create_plans",
     "2026-11-30-000003_create_intake_keys",
     "2026-11-30-000004_add_plans_feed_position",
+    "2026-11-30-000005_add_plan_intake_write",
 ];
 
 /// Lexical order must be creation order (diesel sorts versions as strings,

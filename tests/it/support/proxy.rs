@@ -1,7 +1,8 @@
 //! A fault-injecting TCP proxy between the service's pool and Postgres. It
 //! reads the frontend protocol just far enough to find the moment a write
 //! commits: a simple-query `COMMIT`, or the `Sync` that ends (and so
-//! autocommits) an extended-protocol statement that writes `intake_keys`.
+//! autocommits) an extended-protocol statement that writes the plan, found
+//! by the SQL its prepared statement was parsed from.
 //! It can act on that moment:
 //!
 //! - `CutBeforeCommit`: close both sides without forwarding it (it did not land);
@@ -164,13 +165,30 @@ impl Session {
         // The startup packet: length (itself included), then its body.
         let startup = read_untyped(&mut self.client)?;
         self.server.write_all(&startup)?;
-        // An unnamed statement writing intake_keys was parsed: its Sync commits it.
+        // Prepared statements that write the plan (by name), and whether the
+        // statement bound last is one: its Sync commits it.
+        let mut writing_statements = std::collections::HashSet::new();
         let mut write_pending = false;
         loop {
             let message = read_typed(&mut self.client)?;
-            if message[0] == b'P' {
-                write_pending =
-                    String::from_utf8_lossy(&message[5..]).contains("INSERT INTO intake_keys");
+            match message[0] {
+                // Parse: statement name, then its SQL.
+                b'P' => {
+                    let mut parts = message[5..].split(|b| *b == 0);
+                    let name = parts.next().unwrap_or_default().to_vec();
+                    let sql = String::from_utf8_lossy(parts.next().unwrap_or_default());
+                    if sql.contains("plan_intake_write") {
+                        writing_statements.insert(name);
+                    }
+                }
+                // Bind: portal name, then statement name.
+                b'B' => {
+                    let mut parts = message[5..].split(|b| *b == 0);
+                    let _portal = parts.next();
+                    let statement = parts.next().unwrap_or_default();
+                    write_pending = writing_statements.contains(statement);
+                }
+                _ => {}
             }
             let commits =
                 is_commit(&message) || (message[0] == b'S' && std::mem::take(&mut write_pending));
