@@ -167,18 +167,18 @@ impl ManageConnection for Manager {
             DatabaseTarget::Sqlite(path) => {
                 let mut conn =
                     SqliteConnection::establish(path).map_err(r2d2::Error::ConnectionError)?;
-                // busy_timeout first: the pragmas after it may need the write lock.
-                // foreign_keys is ignored inside a transaction, so it is set here,
-                // per connection, before any migration runs.
+                // busy_timeout first: what follows may wait for a lock.
+                // foreign_keys is ignored inside a transaction, so it is set
+                // here, per connection, before any migration runs.
                 let pragmas = format!(
                     "PRAGMA busy_timeout = {};
-                     PRAGMA journal_mode = WAL;
                      PRAGMA synchronous = FULL;
                      PRAGMA foreign_keys = ON;",
                     self.sqlite_busy_timeout.as_millis()
                 );
                 conn.batch_execute(&pragmas)
                     .map_err(r2d2::Error::QueryError)?;
+                enable_wal(&mut conn, self.sqlite_busy_timeout).map_err(r2d2::Error::QueryError)?;
                 Ok(DbConn::Sqlite(conn))
             }
         }
@@ -192,6 +192,42 @@ impl ManageConnection for Manager {
         // A connection whose transaction manager is in error (say, cut during
         // COMMIT) must never be handed out again.
         with_conn!(conn, c => c.is_broken())
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct JournalMode {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    journal_mode: String,
+}
+
+/// WAL mode is a property of the file and stays once set, so only the first
+/// connection to a new file sets it. Switching needs the file to itself and
+/// SQLite answers "database is locked" at once, busy handler or not, when
+/// another process is doing the same (two `migrate run` on a new file): so
+/// this retries within the busy timeout.
+fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let attempt = diesel::sql_query("PRAGMA journal_mode")
+            .get_result::<JournalMode>(conn)
+            .and_then(|mode| {
+                if mode.journal_mode.eq_ignore_ascii_case("wal") {
+                    Ok(())
+                } else {
+                    conn.batch_execute("PRAGMA journal_mode = WAL")
+                }
+            });
+        match attempt {
+            Err(e)
+                if e.to_string().contains("database is locked")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 

@@ -111,24 +111,7 @@ fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
     );
 }
 
-macro_rules! cli_on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn sqlite() {
-                super::$name(crate::support::TestDb::sqlite())
-            }
-            #[test]
-            fn postgres() {
-                if let Some(db) = crate::support::TestDb::postgres() {
-                    super::$name(db)
-                }
-            }
-        }
-    )*};
-}
-
-cli_on_both_backends!(
+crate::on_both_backends_sync!(
     logins_add_prints_only_the_token_and_stores_only_its_hash,
     bad_input_is_one_line_and_a_non_zero_exit,
     serve_no_migrate_refuses_a_database_with_pending_migrations,

@@ -180,24 +180,7 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 verify check(s) failed"));
 }
 
-macro_rules! dba_on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn sqlite() {
-                super::$name(crate::support::TestDb::sqlite())
-            }
-            #[test]
-            fn postgres() {
-                if let Some(db) = crate::support::TestDb::postgres() {
-                    super::$name(db)
-                }
-            }
-        }
-    )*};
-}
-
-dba_on_both_backends!(
+crate::on_both_backends_sync!(
     migrate_print_shows_the_sql_and_changes_nothing,
     revert_then_run_returns_to_the_same_schema,
     two_concurrent_migrate_runs_apply_each_migration_once,

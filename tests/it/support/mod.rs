@@ -172,6 +172,25 @@ impl Default for AppOptions {
     }
 }
 
+/// As `on_both_backends!`, for plain (not async) test bodies.
+#[macro_export]
+macro_rules! on_both_backends_sync {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name($crate::support::TestDb::sqlite())
+            }
+            #[test]
+            fn postgres() {
+                if let Some(db) = $crate::support::TestDb::postgres() {
+                    super::$name(db)
+                }
+            }
+        }
+    )*};
+}
+
 /// The service's routes over a migrated scratch database, with helpers to
 /// create logins and count rows.
 pub struct TestApp {
