@@ -70,16 +70,38 @@ impl WriteQueue {
             // Lead one batch (ours is in it), then hand over: a leader that
             // kept leading under steady load would never answer its caller.
             queue.leading = true;
-            let batch = std::mem::take(&mut queue.waiting);
+            let batch = Leading {
+                queue: self,
+                batch: std::mem::take(&mut queue.waiting),
+            };
             drop(queue);
-            let results = write_batch(conn, &batch);
-            for (slot, result) in batch.iter().zip(results) {
+            let results = write_batch(conn, &batch.batch);
+            for (slot, result) in batch.batch.iter().zip(results) {
                 *lock(&slot.result) = Some(result);
             }
+            drop(batch);
             queue = lock(&self.queue);
-            queue.leading = false;
-            self.done.notify_all();
         }
+    }
+}
+
+/// A batch being written. Dropped, even by a panic, it answers every slot
+/// still unanswered and gives up the lead, so no writer waits forever.
+struct Leading<'a> {
+    queue: &'a WriteQueue,
+    batch: Vec<Arc<Slot>>,
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        for slot in &self.batch {
+            let mut result = lock(&slot.result);
+            if result.is_none() {
+                *result = Some(Err(lost("the batch writer stopped before answering")));
+            }
+        }
+        lock(&self.queue.queue).leading = false;
+        self.queue.done.notify_all();
     }
 }
 
