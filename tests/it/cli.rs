@@ -6,16 +6,7 @@ use plan_intake::storage::MigrateOnOpen;
 
 use crate::support::TestDb;
 
-const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
-
-fn plan_intake(db: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("PLAN_INTAKE_LOG", "warn")
-        .output()
-        .expect("run plan-intake")
-}
+use crate::support::process::{BIN, run_cli as plan_intake};
 
 fn logins_add_prints_only_the_token_and_stores_only_its_hash(db: TestDb) {
     let out = plan_intake(

@@ -9,16 +9,7 @@ use plan_intake::storage::{DbConn, MigrateOnOpen};
 use plan_intake::with_conn;
 
 use crate::support::TestDb;
-use crate::support::process::BIN;
-
-fn plan_intake(db: &TestDb, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("PLAN_INTAKE_LOG", "warn")
-        .output()
-        .expect("run plan-intake")
-}
+use crate::support::process::{BIN, run_cli as plan_intake};
 
 fn succeeded(out: &Output) -> bool {
     if !out.status.success() {

@@ -10,6 +10,16 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
 
+/// Runs `plan-intake ARGS…` to completion against a scratch database.
+pub fn run_cli(db: &super::TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("PLAN_INTAKE_LOG", "warn")
+        .output()
+        .expect("run plan-intake")
+}
+
 /// A running `plan-intake serve` on a port the OS picked.
 pub struct ServeProcess {
     child: Child,
