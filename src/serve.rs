@@ -59,7 +59,7 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
             tracing::info!(%addr, "listening");
         }
         server.run().await.map_err(ServeError::Server)?;
-        tracing::info!("stopped: every request in flight was answered");
+        tracing::info!("stopped");
         Ok(())
     })
 }
