@@ -4,7 +4,7 @@ use actix_web::http::header;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::observe::{LoggedKey, LoggedMaker};
-use super::problem::Problem;
+use super::problem::{NotYours, Problem, Refusals};
 use super::receipts::readable_plan;
 use super::{ApiError, AppState, auth};
 use crate::intake::body::PlanRequest;
@@ -29,14 +29,10 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
         (status = 200, description = "Replayed (same key, same request; `Idempotent-Replayed: true`) or already received (new key, same maker, run and content)", body = Receipt,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Missing or malformed Idempotency-Key, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "Bearer"))),
-        (status = 403, description = "The login lacks plans:submit", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the limit (default 1 MiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Validation failed (`errors` names each field), or the key was used for a different request (type …/idempotency-key-reused)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable, retries exhausted, or COMMIT outcome unknown: retry with the same key", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        Refusals,
     ))]
 pub async fn submit_plan(
     req: HttpRequest,
@@ -99,12 +95,7 @@ async fn submit(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The plan with its receipt", body = PlanView),
-        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "Bearer"))),
-        (status = 403, description = "The login may not read receipts", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown, or another maker's", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        NotYours, Refusals,
     ))]
 pub async fn get_plan(
     req: HttpRequest,

@@ -61,6 +61,33 @@ pub struct Problem {
     pub errors: Option<Vec<FieldError>>,
 }
 
+/// What every route behind a login can answer besides its own results:
+/// documented once, listed by each route's `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // ok: a documentation type, never built
+pub enum Refusals {
+    /// Missing, unknown or revoked token
+    #[response(status = 401, content_type = "application/problem+json",
+        headers(("WWW-Authenticate" = String, description = "Bearer")))]
+    Unauthorized(Problem),
+    /// The login lacks the permission this route needs
+    #[response(status = 403, content_type = "application/problem+json")]
+    Forbidden(Problem),
+    /// Database unavailable, retries exhausted, or COMMIT outcome unknown: retry (with the same key)
+    #[response(status = 503, content_type = "application/problem+json",
+        headers(("Retry-After" = u64, description = "Seconds to wait")))]
+    Unavailable(Problem),
+}
+
+/// A receipt that does not exist, or is another maker's: the same answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // ok: a documentation type, never built
+pub enum NotYours {
+    /// Unknown, or another maker's
+    #[response(status = 404, content_type = "application/problem+json")]
+    NotFound(Problem),
+}
+
 impl ApiError {
     /// The label under which a refused `POST /v1/plans` is counted.
     pub fn outcome_label(&self) -> &'static str {

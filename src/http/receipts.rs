@@ -2,7 +2,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use super::problem::Problem;
+use super::problem::{NotYours, Problem, Refusals};
 use super::{ApiError, AppState, auth};
 use crate::intake::{Login, Permission, Receipt, feed};
 use crate::storage::plans::{self, FeedPosition, PlanRow};
@@ -12,12 +12,7 @@ use crate::storage::plans::{self, FeedPosition, PlanRow};
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The receipt as stored", body = Receipt),
-        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "Bearer"))),
-        (status = 403, description = "The login may not read receipts", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Unknown, or another maker's", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        NotYours, Refusals,
     ))]
 pub async fn get_receipt(
     req: HttpRequest,
@@ -52,11 +47,7 @@ pub struct FeedPage {
     responses(
         (status = 200, description = "The next page; `next` is always present", body = FeedPage),
         (status = 400, description = "A cursor this service did not issue, or a limit outside 1-1000", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing, unknown or revoked token", body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "Bearer"))),
-        (status = 403, description = "The login lacks receipts:read", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        Refusals,
     ))]
 pub async fn list_receipts(
     req: HttpRequest,
