@@ -14,7 +14,8 @@ use plan_intake::storage::PoolOptions;
 
 use crate::support::proxy::{Fault, FaultProxy, upstream_of};
 use crate::support::{
-    AppOptions, TestApp, TestDb, competing_plan, plan_body, post_plan, scalar, send, wait_until,
+    AppOptions, TestApp, TestDb, competing_plan, hold_plan_and_key, plan_body, post_plan, scalar,
+    send, wait_until,
 };
 
 const PLANNER: &[Permission] = &[Permission::PlansSubmit];
@@ -280,17 +281,13 @@ async fn a_real_deadlock_is_retried_and_counted() {
     let body = plan_body("run-1", "x");
     let same_plan = competing_plan("planner-a", &body);
 
-    let mut blocker = PgConnection::establish(&direct_url).expect("connect");
-    blocker
-        .batch_execute(
-            "SET deadlock_timeout = '60s';
-             BEGIN;
-             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
-                  VALUES ('rcpt_blocker', 'planner-a', 'blocker-run', 'h', 'h', '{}', '[]', '[]', now());
-             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
-                  SELECT 'planner-a', 'k', 'h', id, now() FROM plans WHERE receipt_id = 'rcpt_blocker';",
-        )
-        .expect("blocker holds the key");
+    let mut blocker = hold_plan_and_key(
+        &direct_url,
+        "SET deadlock_timeout = '60s';",
+        "rcpt_blocker",
+        "blocker-run",
+        "k",
+    );
 
     let waiting = format!(
         "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
@@ -356,16 +353,7 @@ async fn a_lock_that_outlives_the_retry_budget_answers_503_and_writes_nothing() 
     let service = app.service().await;
     let body = plan_body("run-1", "x");
 
-    let mut blocker = PgConnection::establish(&direct_url).expect("connect");
-    blocker
-        .batch_execute(
-            "BEGIN;
-             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
-                  VALUES ('rcpt_blocker', 'planner-a', 'blocker-run', 'h', 'h', '{}', '[]', '[]', now());
-             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
-                  SELECT 'planner-a', 'k', 'h', id, now() FROM plans WHERE receipt_id = 'rcpt_blocker';",
-        )
-        .expect("blocker holds the key");
+    let mut blocker = hold_plan_and_key(&direct_url, "", "rcpt_blocker", "blocker-run", "k");
 
     let answer = send(&service, post_plan(&token, "k", &body)).await;
     assert_eq!(

@@ -5,12 +5,11 @@ use std::collections::HashSet;
 
 use actix_web::http::StatusCode;
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, PgConnection};
 use plan_intake::intake::Permission;
 use serde_json::Value;
 
 use crate::on_both_backends;
-use crate::support::{TestApp, TestDb, get, plan_body, post_plan, send};
+use crate::support::{TestApp, TestDb, get, hold_plan_and_key, plan_body, post_plan, send};
 
 on_both_backends!(
     paging_with_every_limit_returns_each_receipt_once,
@@ -197,15 +196,8 @@ async fn a_late_commit_with_a_lower_id_is_not_skipped() {
     let reader = app.login("ordering", &[Permission::ReceiptsRead]);
     let service = app.service().await;
 
-    let mut slow = PgConnection::establish(&direct_url).expect("connect");
-    slow.batch_execute(
-        "BEGIN;
-         INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
-              VALUES ('rcpt_slow', 'planner-a', 'run-slow', 'blake3:slow', 'blake3:slow', '{}', '[{\"id\":\"in\"}]', '[\"plans:submit\"]', now());
-         INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
-              SELECT 'planner-a', 'k-slow', 'blake3:slow', id, now() FROM plans WHERE receipt_id = 'rcpt_slow';",
-    )
-    .expect("the slow transaction takes the lower id");
+    // The slow transaction takes the lower id.
+    let mut slow = hold_plan_and_key(&direct_url, "", "rcpt_slow", "run-slow", "k-slow");
     let fast = send(
         &service,
         post_plan(&planner, "k-fast", &plan_body("run-fast", "x")),

@@ -389,3 +389,31 @@ pub fn stored_receipt_ids(conn: &mut DbConn) -> std::collections::HashSet<String
         .map(|r| r.receipt_id)
         .collect()
 }
+
+/// Opens a direct Postgres session (running `settings` first) that begins a
+/// transaction and writes, without committing, a plan under `receipt_id` for
+/// `run_id` and its key row for planner-a's `key`: the session holds that
+/// key and that plan until it commits or rolls back.
+pub fn hold_plan_and_key(
+    url: &str,
+    settings: &str,
+    receipt_id: &str,
+    run_id: &str,
+    key: &str,
+) -> PgConnection {
+    let mut session = PgConnection::establish(url).expect("connect");
+    session
+        .batch_execute(&format!(
+            "{settings}
+             BEGIN;
+             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                                approved_inputs, permissions, received_at)
+                  VALUES ('{receipt_id}', 'planner-a', '{run_id}', 'blake3:held', 'blake3:held', '{{}}',
+                          '[{{\"id\":\"in\"}}]', '[\"plans:submit\"]', now());
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+                  SELECT 'planner-a', '{key}', 'blake3:held', id, now() FROM plans
+                   WHERE receipt_id = '{receipt_id}';"
+        ))
+        .expect("the session holds the plan and the key");
+    session
+}
