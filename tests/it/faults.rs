@@ -52,18 +52,13 @@ async fn cut_before_commit_is_forwarded_ends_201_with_one_plan() {
     let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
     assert_eq!(proxy.fired(), vec![Fault::CutBeforeCommit]);
     assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
     assert_eq!(
         app.metrics()
             .unknown_commit_count(UnknownCommitBranch::NotLanded),
         1
     );
-    let stored = plan_intake::storage::plans::find_by_receipt(
-        &mut app.conn(),
-        answer.body["receipt_id"].as_str().unwrap_or_default(),
-    )
-    .expect("query");
+    let stored = app.stored(answer.body["receipt_id"].as_str().unwrap_or_default());
     assert!(stored.is_some(), "the 201's receipt is the one kept");
 }
 
@@ -95,11 +90,7 @@ async fn cut_after_commit_landed_answers_the_receipt_that_landed() {
             .unknown_commit_count(UnknownCommitBranch::NotLanded),
         0
     );
-    let stored = plan_intake::storage::plans::find_by_receipt(
-        &mut app.conn(),
-        answer.body["receipt_id"].as_str().unwrap_or_default(),
-    )
-    .expect("query");
+    let stored = app.stored(answer.body["receipt_id"].as_str().unwrap_or_default());
     assert!(stored.is_some(), "the answer names the row that landed");
 }
 
@@ -151,8 +142,7 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
                 .unknown_commit_count(UnknownCommitBranch::OtherRow),
             1
         );
-        assert_eq!(app.count("plans"), 1);
-        assert_eq!(app.count("intake_keys"), 1);
+        app.assert_rows(1, 1);
     }
 }
 
@@ -185,8 +175,7 @@ async fn failed_reread_answers_503_and_a_later_retry_gets_the_one_receipt() {
     let retry = send(&service, post_plan(&token, "k", &body)).await;
     assert_eq!(retry.status, StatusCode::OK, "{:?}", retry.body);
     assert_eq!(retry.body["outcome"], "replayed");
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
 }
 
 /// A deferred trigger holds the first commit of the write statement open
@@ -366,8 +355,7 @@ async fn a_lock_that_outlives_the_retry_budget_answers_503_and_writes_nothing() 
     assert_eq!(app.metrics().retry_count("lock_timeout"), 2);
     assert_eq!(app.metrics().outcome_count("unavailable"), 1);
     blocker.batch_execute("ROLLBACK").expect("rollback");
-    assert_eq!(app.count("plans"), 0);
-    assert_eq!(app.count("intake_keys"), 0);
+    app.assert_rows(0, 0);
 
     let later = send(&service, post_plan(&token, "k", &body)).await;
     assert_eq!(later.status, StatusCode::CREATED);

@@ -71,8 +71,7 @@ async fn create_then_replay_returns_the_same_receipt(db: TestDb) {
     assert_eq!(again.body["outcome"], "replayed");
     assert_eq!(again.body["receipt_id"], receipt_id.as_str());
 
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
 }
 
 async fn same_key_with_other_body_is_refused(db: TestDb) {
@@ -101,8 +100,7 @@ async fn same_key_with_other_body_is_refused(db: TestDb) {
             reused.body
         );
     }
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
 }
 
 async fn new_key_for_a_kept_plan_is_already_received(db: TestDb) {
@@ -143,8 +141,7 @@ async fn keys_are_scoped_per_maker(db: TestDb) {
     assert_eq!(from_b.status, StatusCode::CREATED, "{:?}", from_b.body);
     assert_eq!(from_b.body["maker"], "planner-b");
     assert_ne!(from_a.body["receipt_id"], from_b.body["receipt_id"]);
-    assert_eq!(app.count("plans"), 2);
-    assert_eq!(app.count("intake_keys"), 2);
+    app.assert_rows(2, 2);
 }
 
 async fn concurrent_requests_with_one_key_keep_one_plan(db: TestDb) {
@@ -171,8 +168,7 @@ async fn concurrent_requests_with_one_key_keep_one_plan(db: TestDb) {
         assert_eq!(answer.body["outcome"], "replayed");
         assert_eq!(&answer.body["receipt_id"], receipt_id);
     }
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
 }
 
 async fn concurrent_requests_with_new_keys_and_one_content_keep_one_plan(db: TestDb) {
@@ -206,8 +202,7 @@ async fn concurrent_requests_with_new_keys_and_one_content_keep_one_plan(db: Tes
         .map(|a| a.body["receipt_id"].to_string())
         .collect();
     assert_eq!(receipt_ids.len(), 1);
-    assert_eq!(app.count("plans"), 1);
-    assert_eq!(app.count("intake_keys"), 1);
+    app.assert_rows(1, 1);
 }
 
 async fn every_blank_run_is_refused_and_nothing_is_written(db: TestDb) {
@@ -231,8 +226,7 @@ async fn every_blank_run_is_refused_and_nothing_is_written(db: TestDb) {
             answer.body
         );
     }
-    assert_eq!(app.count("plans"), 0);
-    assert_eq!(app.count("intake_keys"), 0);
+    app.assert_rows(0, 0);
 }
 
 async fn claimed_permissions_and_maker_are_ignored(db: TestDb) {
@@ -247,13 +241,9 @@ async fn claimed_permissions_and_maker_are_ignored(db: TestDb) {
     assert_eq!(created.body["maker"], "planner-a");
     assert_eq!(created.body["permissions"], json!(["plans:submit"]));
 
-    let mut conn = app.conn();
-    let row = plan_intake::storage::plans::find_by_receipt(
-        &mut conn,
-        created.body["receipt_id"].as_str().unwrap_or_default(),
-    )
-    .expect("query")
-    .expect("row");
+    let row = app
+        .stored(created.body["receipt_id"].as_str().unwrap_or_default())
+        .expect("row");
     assert_eq!(row.maker, "planner-a");
     assert_eq!(row.permissions, r#"["plans:submit"]"#);
     // The claims are not part of what was kept either.
@@ -295,23 +285,20 @@ async fn a_key_conflict_leaves_no_plan_row_behind(db: TestDb) {
     assert_eq!(first.status, StatusCode::CREATED);
 
     let mut conn = app.conn();
-    let plan = plan_intake::storage::plans::find_by_receipt(
-        &mut conn,
-        first.body["receipt_id"].as_str().unwrap_or_default(),
-    )
-    .expect("query")
-    .map(|row| plan_intake::storage::plans::NewPlan {
-        receipt_id: "rcpt_second_attempt".to_owned(),
-        maker: row.maker,
-        run_id: "run-2".to_owned(),
-        content_hash: "blake3:other".to_owned(),
-        request_hash: "blake3:other".to_owned(),
-        content: row.content,
-        approved_inputs: row.approved_inputs,
-        permissions: row.permissions,
-        received_at: row.received_at,
-    })
-    .expect("first plan");
+    let plan = app
+        .stored(first.body["receipt_id"].as_str().unwrap_or_default())
+        .map(|row| plan_intake::storage::plans::NewPlan {
+            receipt_id: "rcpt_second_attempt".to_owned(),
+            maker: row.maker,
+            run_id: "run-2".to_owned(),
+            content_hash: "blake3:other".to_owned(),
+            request_hash: "blake3:other".to_owned(),
+            content: row.content,
+            approved_inputs: row.approved_inputs,
+            permissions: row.permissions,
+            received_at: row.received_at,
+        })
+        .expect("first plan");
     let result = plan_intake::storage::plans::insert_plan_with_key(&mut conn, &plan, "key-1");
     assert!(
         matches!(&result, Err(f) if plan_intake::storage::errors::is_unique_violation(&f.error)),

@@ -258,6 +258,21 @@ impl TestApp {
     pub fn count(&self, table: &str) -> i64 {
         count_rows(&mut self.conn(), table)
     }
+
+    /// Asserts how many plan rows and key rows the database holds.
+    #[track_caller]
+    pub fn assert_rows(&self, plans: i64, keys: i64) {
+        assert_eq!(
+            (self.count("plans"), self.count("intake_keys")),
+            (plans, keys),
+            "(plans, intake_keys)"
+        );
+    }
+
+    /// The stored plan behind a receipt id, read directly.
+    pub fn stored(&self, receipt_id: &str) -> Option<plan_intake::storage::plans::PlanRow> {
+        plan_intake::storage::plans::find_by_receipt(&mut self.conn(), receipt_id).expect("query")
+    }
 }
 
 #[derive(diesel::QueryableByName)]
