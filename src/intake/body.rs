@@ -92,7 +92,7 @@ struct PlanBody {
     run_id: Option<String>,
     #[validate(
         required(message = "is required"),
-        length(min = 1, max = 1000, message = "must hold 1 to 1000 entries"),
+        length(min = 1, max = MAX_APPROVED_INPUTS, message = "must hold 1 to 1000 entries"),
         nested
     )]
     approved_inputs: Option<Vec<ApprovedInputBody>>,
