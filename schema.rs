@@ -2,7 +2,8 @@
 // serves both backends (`tests/it/schema.rs` checks it against the live catalog).
 //
 // Pinned names (the migrations create them; the README lists them):
-//   logins:      logins_pk, logins_token_hash_uq, logins_name_not_blank_ck
+//   logins:      logins_pk, logins_token_hash_uq, logins_name_not_blank_ck,
+//                logins_previous_token_hash_uq
 //   plans:       plans_pk, plans_receipt_id_uq, plans_maker_run_content_uq,
 //                plans_run_id_not_blank_ck, plans_feed_ix
 //   intake_keys: intake_keys_pk, intake_keys_maker_key_uq, intake_keys_plan_id_fk,
@@ -15,6 +16,8 @@ diesel::table! {
         permissions -> Text,
         created_at -> Timestamp,
         revoked_at -> Nullable<Timestamp>,
+        previous_token_hash -> Nullable<Text>,
+        previous_token_expires_at -> Nullable<Timestamp>,
     }
 }
 

@@ -1,22 +1,28 @@
 //! The service's typed configuration, filled from flags and environment by `main`.
 
+use std::time::Duration;
+
 use crate::intake::RetryPolicy;
 use crate::storage::PoolOptions;
 
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
     /// Largest accepted request body, in bytes; larger is a 413.
     pub body_limit: usize,
+    /// Every request that touches the database is answered within this.
+    pub request_timeout: Duration,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             body_limit: DEFAULT_BODY_LIMIT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`.
 
 pub mod config;
+pub mod deadline;
 pub mod http;
 pub mod intake;
 pub mod logins;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use plan_intake::config::{
-    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, HttpConfig, ServeConfig,
+    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT, HttpConfig,
+    ServeConfig,
 };
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
@@ -81,6 +82,9 @@ enum Command {
             value_parser = clap::value_parser!(u64).range(1..=600_000)
         )]
         sqlite_busy_timeout_ms: u64,
+        /// Every request that touches the database is answered within this many ms (503 + Retry-After when it cannot finish)
+        #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        request_timeout_ms: u64,
         /// HTTP worker threads (default: one per CPU)
         #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
         workers: Option<u16>,
@@ -121,10 +125,21 @@ enum MigrateAction {
     Run,
     /// List applied and pending migrations
     Status,
-    /// Print the SQL of the pending migrations without applying anything
-    Print,
-    /// Revert the most recent migration
-    Revert,
+    /// Print the SQL of the pending migrations (or, with --revert, what
+    /// `migrate revert` would run) without changing anything
+    Print {
+        #[arg(long)]
+        revert: bool,
+    },
+    /// Revert the most recent migration (shows its SQL first; refuses to
+    /// drop tables that hold rows unless --yes)
+    Revert {
+        /// Drop tables even if they hold rows
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Print the GRANT statements that let ROLE run the service and nothing more (Postgres)
+    Grants { role: String },
 }
 
 #[derive(Subcommand)]
@@ -140,6 +155,14 @@ enum LoginsAction {
     List,
     /// Revoke a login's token at once
     Revoke { name: String },
+    /// Issue a new token for a login (prints only the token); the old one
+    /// keeps working for the grace period. Keys and receipts stay the login's.
+    Rotate {
+        name: String,
+        /// How long the old token keeps working, e.g. 24h, 30m, 0s
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        grace: Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -204,6 +227,7 @@ fn run(command: Command) -> Result<(), String> {
             retry_max_delay_ms,
             sqlite_busy_timeout_ms,
             shutdown_timeout_secs,
+            request_timeout_ms,
             workers,
         } => serve::run(ServeConfig {
             bind,
@@ -212,8 +236,12 @@ fn run(command: Command) -> Result<(), String> {
                 max_size: pool_size,
                 checkout_timeout: Duration::from_millis(checkout_timeout_ms),
                 sqlite_busy_timeout: Duration::from_millis(sqlite_busy_timeout_ms),
+                request_timeout: Some(Duration::from_millis(request_timeout_ms)),
             },
-            http: HttpConfig { body_limit },
+            http: HttpConfig {
+                body_limit,
+                request_timeout: Duration::from_millis(request_timeout_ms),
+            },
             retry: RetryPolicy {
                 max_attempts: retry_attempts,
                 base_delay: Duration::from_millis(retry_base_delay_ms),
@@ -272,7 +300,7 @@ fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
                 println!("pending  {name}");
             }
         }
-        MigrateAction::Print => {
+        MigrateAction::Print { revert: false } => {
             let planned = migrations::pending_sql(conn)?;
             if planned.is_empty() {
                 eprintln!("no pending migrations");
@@ -281,9 +309,34 @@ fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
                 println!("-- {name}\n{}\n", sql.trim_end());
             }
         }
-        MigrateAction::Revert => {
+        MigrateAction::Print { revert: true } => match migrations::revert_sql(conn)? {
+            Some((name, sql)) => println!("-- revert {name}\n{}\n", sql.trim_end()),
+            None => eprintln!("no applied migrations"),
+        },
+        MigrateAction::Revert { yes } => {
+            let Some((name, sql)) = migrations::revert_sql(conn)? else {
+                eprintln!("no applied migrations");
+                return Ok(());
+            };
+            eprintln!("-- reverting {name}:\n{}", sql.trim_end());
+            let holding = migrations::tables_with_rows_dropped_by(conn, &sql)?;
+            if !holding.is_empty() && !yes {
+                let tables: Vec<String> = holding
+                    .iter()
+                    .map(|(t, n)| format!("{t} ({n} rows)"))
+                    .collect();
+                return Err(StorageError::Config(format!(
+                    "reverting {name} would drop {}; run `migrate revert --yes` to drop them",
+                    tables.join(", ")
+                )));
+            }
             let name = migrations::revert_last(conn)?;
             eprintln!("reverted {name}");
+        }
+        MigrateAction::Grants { role } => {
+            for statement in migrations::grants_for(conn, &role)? {
+                println!("{statement}");
+            }
         }
     }
     Ok(())
@@ -316,6 +369,14 @@ fn manage_logins(url: &str, action: LoginsAction) -> Result<(), String> {
         LoginsAction::Revoke { name } => {
             logins::revoke(&mut conn, &name).map_err(|e| e.to_string())?;
             eprintln!("revoked login `{name}`");
+        }
+        LoginsAction::Rotate { name, grace } => {
+            let token = logins::rotate(&mut conn, &name, grace).map_err(|e| e.to_string())?;
+            println!("{token}");
+            eprintln!(
+                "new token for login `{name}`, shown only once; the previous one works for {} more",
+                humantime::format_duration(grace)
+            );
         }
     }
     Ok(())

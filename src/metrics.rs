@@ -1,6 +1,7 @@
 //! Counters for every intake outcome, retry and unknown-COMMIT branch, in a
 //! Prometheus registry of their own (one per service, so tests stay apart).
 
+use crate::storage::errors::TransientCause;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -11,11 +12,37 @@ pub struct Metrics {
     outcomes: IntCounterVec,
     retries: IntCounterVec,
     unknown_commits: IntCounterVec,
+    timeouts: IntCounterVec,
+    group_commit_failures: IntCounterVec,
     request_seconds: HistogramVec,
     pool_connections: IntGauge,
     pool_idle: IntGauge,
     pool_waiters: IntGauge,
 }
+
+/// Every label value each counter can take, so every series exists at 0
+/// from the start and alerts can be written before the first event.
+pub const OUTCOMES: [&str; 10] = [
+    "created",
+    "replayed",
+    "already_received",
+    "key_reused",
+    "refused",
+    "invalid",
+    "unauthorized",
+    "forbidden",
+    "unavailable",
+    "error",
+];
+/// The routes a deadline applies to.
+pub const TIMED_ROUTES: [&str; 5] = [
+    "/v1/plans",
+    "/v1/plans/{receipt_id}",
+    "/v1/receipts",
+    "/v1/receipts/{receipt_id}",
+    "/readyz",
+];
+pub const GROUP_COMMIT_FAILURES: [&str; 2] = ["leader_panicked", "commit_failed"];
 
 /// How an unknown COMMIT was settled by the re-read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +58,13 @@ pub enum UnknownCommitBranch {
 }
 
 impl UnknownCommitBranch {
+    pub const ALL: [UnknownCommitBranch; 4] = [
+        UnknownCommitBranch::Landed,
+        UnknownCommitBranch::NotLanded,
+        UnknownCommitBranch::OtherRow,
+        UnknownCommitBranch::RereadFailed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             UnknownCommitBranch::Landed => "landed",
@@ -41,78 +75,121 @@ impl UnknownCommitBranch {
     }
 }
 
+/// A counter family with each of `values` present at 0.
+fn counter(name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
+    let family =
+        IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric definition"); // ok: constant, checked by every test
+    for value in values {
+        family.with_label_values(&[value]);
+    }
+    family
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).expect("valid metric definition") // ok: constant
+}
+
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let outcomes = IntCounterVec::new(
-            Opts::new(
+        let retry_classes: Vec<&str> = TransientCause::ALL.iter().map(|c| c.as_str()).collect();
+        let branches: Vec<&str> = UnknownCommitBranch::ALL
+            .iter()
+            .map(|b| b.as_str())
+            .collect();
+        let metrics = Self {
+            registry: Registry::new(),
+            outcomes: counter(
                 "plan_intake_outcomes_total",
                 "Answers to POST /v1/plans, by outcome",
+                "outcome",
+                &OUTCOMES,
             ),
-            &["outcome"],
-        )
-        .expect("valid metric definition"); // ok: constant, checked by every test
-        let retries = IntCounterVec::new(
-            Opts::new(
+            retries: counter(
                 "plan_intake_retries_total",
-                "Write transactions retried, by failure class",
+                "Writes retried, by failure class",
+                "class",
+                &retry_classes,
             ),
-            &["class"],
-        )
-        .expect("valid metric definition"); // ok: constant
-        let unknown_commits = IntCounterVec::new(
-            Opts::new(
+            unknown_commits: counter(
                 "plan_intake_unknown_commit_total",
                 "COMMITs with an unknown outcome, by how the re-read settled them",
+                "branch",
+                &branches,
             ),
-            &["branch"],
-        )
-        .expect("valid metric definition"); // ok: constant
-        let request_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "plan_intake_http_request_duration_seconds",
-                "HTTP request latency, by route pattern and status",
+            timeouts: counter(
+                "plan_intake_request_timeouts_total",
+                "Requests answered 503 because their deadline passed, by route pattern",
+                "route",
+                &TIMED_ROUTES,
+            ),
+            group_commit_failures: counter(
+                "plan_intake_group_commit_failures_total",
+                "SQLite writers answered 503 because their shared batch failed, by reason",
+                "reason",
+                &GROUP_COMMIT_FAILURES,
+            ),
+            request_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "plan_intake_http_request_duration_seconds",
+                    "HTTP request latency, by route pattern and status",
+                )
+                .buckets(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+                &["route", "status"],
             )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
-            &["route", "status"],
-        )
-        .expect("valid metric definition"); // ok: constant
-        let gauge =
-            |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric definition"); // ok: constant
-        let pool_connections = gauge(
-            "plan_intake_db_pool_connections",
-            "Database connections open in the pool",
-        );
-        let pool_idle = gauge("plan_intake_db_pool_idle", "Open connections not in use");
-        let pool_waiters = gauge(
-            "plan_intake_db_pool_waiters",
-            "Requests waiting for a database connection",
-        );
-        for collector in [&outcomes, &retries, &unknown_commits] {
-            registry
-                .register(Box::new(collector.clone()))
+            .expect("valid metric definition"), // ok: constant
+            pool_connections: gauge(
+                "plan_intake_db_pool_connections",
+                "Database connections open in the pool",
+            ),
+            pool_idle: gauge("plan_intake_db_pool_idle", "Open connections not in use"),
+            pool_waiters: gauge(
+                "plan_intake_db_pool_waiters",
+                "Requests waiting for a database connection",
+            ),
+        };
+        metrics.register_all();
+        metrics
+    }
+
+    fn register_all(&self) {
+        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+            Box::new(self.outcomes.clone()),
+            Box::new(self.retries.clone()),
+            Box::new(self.unknown_commits.clone()),
+            Box::new(self.timeouts.clone()),
+            Box::new(self.group_commit_failures.clone()),
+            Box::new(self.request_seconds.clone()),
+            Box::new(self.pool_connections.clone()),
+            Box::new(self.pool_idle.clone()),
+            Box::new(self.pool_waiters.clone()),
+        ];
+        for collector in collectors {
+            self.registry
+                .register(collector)
                 .expect("metric registered once"); // ok: a fresh registry
         }
-        registry
-            .register(Box::new(request_seconds.clone()))
-            .expect("metric registered once"); // ok: a fresh registry
-        for collector in [&pool_connections, &pool_idle, &pool_waiters] {
-            registry
-                .register(Box::new(collector.clone()))
-                .expect("metric registered once"); // ok: a fresh registry
-        }
-        Self {
-            registry,
-            outcomes,
-            retries,
-            unknown_commits,
-            request_seconds,
-            pool_connections,
-            pool_idle,
-            pool_waiters,
-        }
+    }
+
+    pub fn timeout(&self, route: &str) {
+        self.timeouts.with_label_values(&[route]).inc();
+    }
+
+    pub fn timeout_count(&self, route: &str) -> u64 {
+        self.timeouts.with_label_values(&[route]).get()
+    }
+
+    pub fn group_commit_failure(&self, reason: &str) {
+        self.group_commit_failures
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    pub fn group_commit_failure_count(&self, reason: &str) -> u64 {
+        self.group_commit_failures
+            .with_label_values(&[reason])
+            .get()
     }
 
     pub fn outcome(&self, outcome: &str) {

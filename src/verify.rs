@@ -147,25 +147,28 @@ fn one_winner(url: &str) -> Result<String, String> {
     crate::logins::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])
         .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let mut children = Vec::new();
+    let mut contenders = Contenders(Vec::new());
     for _ in 0..CONTENDERS {
+        // The URL (and any password in it) goes by the environment, never
+        // on a command line other users can read.
         let child = Command::new(&exe)
-            .args(["verify-contender", "--database-url", url])
+            .arg("verify-contender")
+            .env("DATABASE_URL", url)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start a contender: {e}"))?;
-        children.push(child);
+        contenders.0.push(child);
     }
     // The start gate: every process is up before any is told to go.
-    for child in &mut children {
+    for child in &mut contenders.0 {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"go\n");
         }
     }
     let mut outcomes = Vec::new();
-    for child in children {
+    while let Some(child) = contenders.next() {
         let output = child.wait_with_output().map_err(|e| e.to_string())?;
         let said = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if !output.status.success() {
@@ -188,6 +191,29 @@ fn one_winner(url: &str) -> Result<String, String> {
     }
 }
 
+/// The contending processes still running; any left when verify stops
+/// early (an error) are killed, not left behind.
+struct Contenders(Vec<std::process::Child>);
+
+impl Contenders {
+    fn next(&mut self) -> Option<std::process::Child> {
+        if self.0.is_empty() {
+            None
+        } else {
+            Some(self.0.remove(0))
+        }
+    }
+}
+
+impl Drop for Contenders {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The body of one contending process (`plan-intake verify-contender`):
 /// waits for the start gate on stdin, submits, prints the outcome.
 pub fn contend(url: &str) -> Result<String, String> {
@@ -204,8 +230,9 @@ pub fn contend(url: &str) -> Result<String, String> {
     std::io::stdin()
         .read_line(&mut gate)
         .map_err(|e| e.to_string())?;
+    let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(60));
     let accepted = intake
-        .submit(&login, &key, &submission)
+        .submit(&login, &key, &submission, &deadline)
         .map_err(|e| e.to_string())?;
     Ok(accepted.outcome.as_str().to_owned())
 }
@@ -273,7 +300,7 @@ impl Drop for Scratch {
                 let dropped = DatabaseTarget::parse(&self.admin_url)
                     .ok()
                     .and_then(|target| {
-                        let manager = crate::storage::Manager::new(target, std::time::Duration::from_secs(5));
+                        let manager = crate::storage::Manager::new(target, &PoolOptions::default());
                         diesel::r2d2::ManageConnection::connect(&manager).ok()
                     })
                     .map(|mut conn| {

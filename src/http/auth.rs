@@ -13,11 +13,14 @@ const MAX_TOKEN_BYTES: usize = 256;
 
 pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
     let token = bearer_token(req)?.to_owned();
+    let deadline = super::deadline::of(req, state);
     let found = state
-        .blocking(move |intake| -> Result<Option<Login>, LoginError> {
-            let mut conn = intake.db.conn()?;
-            logins::authenticate(&mut conn, &token)
-        })
+        .blocking(
+            deadline,
+            move |intake| -> Result<Option<Login>, LoginError> {
+                Ok(logins::authenticate(&intake.db, &deadline, &token)?.0)
+            },
+        )
         .await;
     match found {
         Ok(Some(login)) => {
@@ -38,12 +41,6 @@ pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
             login.name
         )))
     }
-}
-
-/// The login behind `token` on an already checked-out connection: for
-/// handlers that go on to use the same connection.
-pub fn authenticate_on(conn: &mut crate::storage::DbConn, token: &str) -> Result<Login, ApiError> {
-    logins::authenticate(conn, token)?.ok_or(ApiError::Unauthorized("unknown or revoked token"))
 }
 
 pub fn bearer_token(req: &HttpRequest) -> Result<&str, ApiError> {

@@ -4,6 +4,7 @@
 //! inside `web::block`.
 
 mod auth;
+mod deadline;
 pub mod observe;
 pub mod openapi;
 mod plans;
@@ -16,6 +17,7 @@ use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, web};
 
 use crate::config::HttpConfig;
+use crate::deadline::Deadline;
 use crate::intake::Intake;
 pub use problem::ApiError;
 
@@ -27,18 +29,24 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Runs blocking database work off the async workers; a pool checkout
-    /// that waits pins only a blocking thread.
-    pub(crate) async fn blocking<T, E, F>(&self, work: F) -> Result<T, ApiError>
+    /// Runs blocking database work off the async workers (a pool checkout
+    /// that waits pins only a blocking thread) and answers 503 at the
+    /// deadline if the work has not. Work still running then goes on until
+    /// its own database timeouts end it, and starts no new write.
+    pub(crate) async fn blocking<T, E, F>(&self, deadline: Deadline, work: F) -> Result<T, ApiError>
     where
         F: FnOnce(&Intake) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: Into<ApiError> + Send + 'static,
     {
         let intake = self.intake.clone();
-        match web::block(move || work(&intake)).await {
-            Ok(result) => result.map_err(Into::into),
-            Err(e) => Err(ApiError::Internal(format!("blocking task failed: {e}"))),
+        let work = web::block(move || work(&intake));
+        match actix_web::rt::time::timeout(deadline.remaining(), work).await {
+            Ok(Ok(result)) => result.map_err(Into::into),
+            Ok(Err(e)) => Err(ApiError::Internal(Box::new(e))),
+            Err(_elapsed) => Err(ApiError::Timeout(
+                "the database work had not answered".into(),
+            )),
         }
     }
 }
@@ -57,6 +65,7 @@ pub fn app(
     >,
 > {
     App::new()
+        .wrap(from_fn(deadline::enforce))
         .wrap(from_fn(observe::observe))
         .configure(configure(state))
 }
@@ -99,9 +108,13 @@ pub async fn healthz() -> HttpResponse {
         (status = 503, description = "Database unreachable or migrations pending", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
-pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn readyz(
+    req: actix_web::HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let deadline = deadline::of(&req, &state);
     state
-        .blocking(|intake| intake.db.readiness())
+        .blocking(deadline, move |intake| intake.db.readiness(&deadline))
         .await
         .map_err(|e| match e {
             ApiError::Internal(cause) => ApiError::Unavailable(cause),

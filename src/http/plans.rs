@@ -9,6 +9,7 @@ use super::receipts::readable_plan;
 use super::{ApiError, AppState, auth};
 use crate::intake::body::PlanRequest;
 use crate::intake::{IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
+use crate::logins;
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -31,7 +32,7 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
         (status = 400, description = "Missing or malformed Idempotency-Key, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the limit (default 1 MiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Validation failed (`errors` names each field), or the key was used for a different request (type …/idempotency-key-reused)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation failed (`errors` names each field), the key was used for a different request (type …/idempotency-key-reused), or a rule of the table refuses the plan (type …/refused-by-database)", body = Problem, content_type = "application/problem+json"),
         Refusals,
     ))]
 pub async fn submit_plan(
@@ -57,16 +58,17 @@ async fn submit(
     // The door's own checks run first but answer only after authentication:
     // 401 and 403 come before anything a stranger could learn from the body.
     let door = door(req, payload, state.http.body_limit).await;
+    let deadline = super::deadline::of(req, state);
     // One blocking call and one pooled connection for the login lookup and
     // the write: half the pool traffic of two.
     let (maker, accepted) = state
-        .blocking(move |intake| -> Result<_, ApiError> {
-            let mut conn = intake.db.conn()?;
-            let login = auth::authenticate_on(&mut conn, &token)?;
+        .blocking(deadline, move |intake| -> Result<_, ApiError> {
+            let (login, conn) = logins::authenticate(&intake.db, &deadline, &token)?;
+            let login = login.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
             let written = auth::require(&login, Permission::PlansSubmit)
                 .and(door)
                 .and_then(|(key, submission)| {
-                    Ok(intake.submit_on(conn, &login, &key, &submission)?)
+                    Ok(intake.submit_on(conn, &login, &key, &submission, &deadline)?)
                 });
             Ok((login.name, written))
         })

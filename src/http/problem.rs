@@ -38,12 +38,38 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A rule of the table refuses the plan (a CHECK constraint).
+    #[error("the database's rule {} refuses this plan", .0.as_deref().unwrap_or("(unnamed)"))]
+    Refused(Option<String>),
     /// The cause is logged; the caller is told to retry with the same key.
-    #[error("service unavailable: {0}")]
-    Unavailable(String),
+    #[error("service unavailable")]
+    Unavailable(#[source] Cause),
+    /// The request's deadline passed: 503, retry with the same key.
+    #[error("the request's deadline passed")]
+    Timeout(#[source] Cause),
     /// The cause is logged; the caller sees a generic 500.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error")]
+    Internal(#[source] Cause),
+}
+
+/// What went wrong underneath, kept whole for the log.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Marks a response that answers a request whose deadline passed, so the
+/// deadline middleware counts it.
+#[derive(Clone, Copy)]
+pub struct TimedOut;
+
+/// `error` and each of its sources, joined: the whole story for a log line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// An RFC 9457 problem: every error answer's body.
@@ -95,7 +121,8 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::KeyReused => "key_reused",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::Timeout(_) => "unavailable",
+            ApiError::Refused(_) => "refused",
             ApiError::Internal(_) => "error",
             ApiError::NotFound
             | ApiError::BadIdempotencyKey(_)
@@ -123,7 +150,9 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => {
                 ("unsupported-media-type", "Unsupported Media Type")
             }
+            ApiError::Refused(_) => ("refused-by-database", "Refused by a Database Rule"),
             ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
+            ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
             ApiError::Internal(_) => ("internal", "Internal Server Error"),
         }
     }
@@ -132,6 +161,10 @@ impl ApiError {
         match self {
             ApiError::Unavailable(_) => {
                 "the database is unavailable; retry later with the same Idempotency-Key".to_owned()
+            }
+            ApiError::Timeout(_) => {
+                "the request could not finish in time; retry later with the same Idempotency-Key"
+                    .to_owned()
             }
             ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
             ApiError::KeyReused => {
@@ -152,10 +185,12 @@ impl ResponseError for ApiError {
             ApiError::BadIdempotencyKey(_) | ApiError::MalformedJson(_) | ApiError::BadQuery(_) => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::Invalid(_) | ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Invalid(_) | ApiError::KeyReused | ApiError::Refused(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -163,8 +198,12 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         let status = self.status_code();
         match self {
-            ApiError::Unavailable(cause) => tracing::warn!(%cause, "answering 503"),
-            ApiError::Internal(cause) => tracing::error!(%cause, "answering 500"),
+            ApiError::Unavailable(cause) | ApiError::Timeout(cause) => {
+                tracing::warn!(cause = %error_chain(cause.as_ref()), "answering 503")
+            }
+            ApiError::Internal(cause) => {
+                tracing::error!(cause = %error_chain(cause.as_ref()), "answering 500")
+            }
             _ => {}
         }
         let (slug, title) = self.slug_and_title();
@@ -185,28 +224,26 @@ impl ResponseError for ApiError {
                 response
                     .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
             }
-            ApiError::Unavailable(_) => {
+            ApiError::Unavailable(_) | ApiError::Timeout(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
             }
             _ => {}
         }
-        response.json(problem)
+        let mut response = response.json(problem);
+        if let ApiError::Timeout(_) = self {
+            response.extensions_mut().insert(TimedOut);
+        }
+        response
     }
 }
 
-/// Storage failures reach callers as 503 (retry with the same key) or 500,
-/// never with their text.
+/// Every storage failure reaches callers as a 503 (retry with the same
+/// key), never with its text: a read has nothing to refuse.
 impl From<StorageError> for ApiError {
     fn from(error: StorageError) -> Self {
-        use diesel::result::{DatabaseErrorKind, Error};
         match error {
-            StorageError::Unavailable(cause) => ApiError::Unavailable(cause),
-            e @ StorageError::PendingMigrations(_) => ApiError::Unavailable(e.to_string()),
-            StorageError::Query(
-                e @ (Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-                | Error::BrokenTransactionManager),
-            ) => ApiError::Unavailable(e.to_string()),
-            other => ApiError::Internal(other.to_string()),
+            StorageError::DeadlineExceeded(_) => ApiError::Timeout(Box::new(error)),
+            other => ApiError::Unavailable(Box::new(other)),
         }
     }
 }
@@ -215,20 +252,20 @@ impl From<LoginError> for ApiError {
     fn from(error: LoginError) -> Self {
         match error {
             LoginError::Storage(e) => e.into(),
-            other => ApiError::Internal(other.to_string()),
+            other => ApiError::Internal(Box::new(other)),
         }
     }
 }
 
+/// A failed write is a 503 unless the request itself is refused.
 impl From<SubmitError> for ApiError {
     fn from(error: SubmitError) -> Self {
         match error {
             SubmitError::KeyReused => ApiError::KeyReused,
+            SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
             SubmitError::Storage(e) => e.into(),
-            e @ (SubmitError::RetriesExhausted { .. } | SubmitError::CommitUnknown { .. }) => {
-                ApiError::Unavailable(e.to_string())
-            }
-            other => ApiError::Internal(other.to_string()),
+            e @ SubmitError::Canonical(_) => ApiError::Internal(Box::new(e)),
+            e => ApiError::Unavailable(Box::new(e)),
         }
     }
 }
@@ -244,6 +281,6 @@ impl From<BodyError> for ApiError {
 
 impl From<crate::intake::receipt::CorruptRow> for ApiError {
     fn from(error: crate::intake::receipt::CorruptRow) -> Self {
-        ApiError::Internal(error.to_string())
+        ApiError::Internal(Box::new(error))
     }
 }

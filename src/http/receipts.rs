@@ -63,10 +63,12 @@ pub async fn list_receipts(
         None => FeedPosition::default(),
     };
     let limit = feed::parse_limit(query.limit.as_deref()).map_err(ApiError::BadQuery)?;
+    let deadline = super::deadline::of(&req, &state);
     let rows = state
-        .blocking(move |intake| -> Result<_, crate::storage::StorageError> {
-            let mut conn = intake.db.conn()?;
-            Ok(plans::feed_page(&mut conn, after, limit)?)
+        .blocking(deadline, move |intake| {
+            intake
+                .db
+                .read(&deadline, |conn| plans::feed_page(conn, after, limit))
         })
         .await?;
     let next = rows
@@ -101,13 +103,13 @@ pub(super) async fn readable_plan(
             login.name
         )));
     }
+    let deadline = super::deadline::of(req, state);
     let row = state
-        .blocking(
-            move |intake| -> Result<Option<PlanRow>, crate::storage::StorageError> {
-                let mut conn = intake.db.conn()?;
-                Ok(plans::find_by_receipt(&mut conn, &receipt_id)?)
-            },
-        )
+        .blocking(deadline, move |intake| {
+            intake
+                .db
+                .read(&deadline, |conn| plans::find_by_receipt(conn, &receipt_id))
+        })
         .await?;
     match row {
         Some(row) if may_read(&login, &row) => Ok(row),

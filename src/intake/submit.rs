@@ -7,9 +7,10 @@ use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 use super::hashing::{self, CanonicalParts};
 use super::retry::RetryPolicy;
 use super::{IdempotencyKey, Login, Submission};
+use crate::deadline::Deadline;
 use crate::metrics::{Metrics, UnknownCommitBranch};
-use crate::storage::errors::{FailureClass, classify};
-use crate::storage::plans::{self, NewPlan, PlanRow};
+use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
+use crate::storage::plans::{self, BatchFailure, NewPlan, PlanRow};
 use crate::storage::{Database, DbConn, PooledConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,16 +44,34 @@ pub enum SubmitError {
     /// The key was used by this maker for a different request: 422.
     #[error("idempotency key reused for a different request")]
     KeyReused,
-    /// Transient failures outlived the retry budget: 503, nothing written.
-    #[error("gave up after {attempts} attempts: {last}")]
-    RetriesExhausted { attempts: u32, last: String },
-    /// COMMIT's outcome is unknown and the re-read failed: 503, nothing more written.
-    #[error("COMMIT outcome unknown ({commit_error}) and the re-read failed: {reread_error}")]
-    CommitUnknown {
-        commit_error: String,
-        reread_error: String,
+    /// A CHECK rule of the table refuses this plan: 422, never retried.
+    #[error("the database refused the plan (rule {})", .constraint.as_deref().unwrap_or("unnamed"))]
+    Refused {
+        constraint: Option<String>,
+        #[source]
+        source: diesel::result::Error,
     },
-    #[error("cannot canonicalize the submission: {0}")]
+    /// Transient failures outlived the retry budget: 503, nothing written.
+    #[error("gave up after {attempts} attempts")]
+    RetriesExhausted {
+        attempts: u32,
+        #[source]
+        last: diesel::result::Error,
+    },
+    /// COMMIT's outcome is unknown and the re-read failed: 503, nothing more written.
+    #[error("COMMIT outcome unknown ({commit_error}) and the re-read failed")]
+    CommitUnknown {
+        commit_error: diesel::result::Error,
+        #[source]
+        reread_error: StorageError,
+    },
+    /// SQLite: the batch this write shared failed as a whole; nothing landed: 503.
+    #[error("the shared write batch failed: {}", .0.as_str())]
+    BatchFailed(BatchFailure),
+    /// The database failed in a way no retry here can mend: 503.
+    #[error("the database failed the write")]
+    Unavailable(#[source] diesel::result::Error),
+    #[error("cannot canonicalize the submission")]
     Canonical(#[from] serde_json::Error),
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -78,15 +97,17 @@ impl Intake {
         Self { db, retry, metrics }
     }
 
-    /// Keeps `submission` once. Blocking: call from `web::block`.
+    /// Keeps `submission` once, giving up at `deadline`. Blocking: call from
+    /// `web::block`.
     pub fn submit(
         &self,
         login: &Login,
         key: &IdempotencyKey,
         submission: &Submission,
+        deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        self.write(None, login, key, submission, &parts)
+        self.write(None, login, key, submission, &parts, deadline)
     }
 
     /// As [`Intake::submit`], with the first attempt on a connection the
@@ -97,9 +118,10 @@ impl Intake {
         login: &Login,
         key: &IdempotencyKey,
         submission: &Submission,
+        deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        self.write(Some(conn), login, key, submission, &parts)
+        self.write(Some(conn), login, key, submission, &parts, deadline)
     }
 
     fn write(
@@ -109,6 +131,7 @@ impl Intake {
         key: &IdempotencyKey,
         submission: &Submission,
         parts: &CanonicalParts,
+        deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let mut attempt: u32 = 0;
         // After an unknown COMMIT that did not land, the insert is made once
@@ -119,13 +142,22 @@ impl Intake {
             let plan = new_plan(login, submission, parts);
             let mut conn = match first_conn.take() {
                 Some(conn) => conn,
-                None => self.db.conn()?,
+                None => self.db.conn_within(deadline)?,
             };
-            let failure = match self.db.write_plan(&mut conn, &plan, key.as_str()) {
+            let failure = match self.db.write_plan(&mut conn, &plan, key.as_str(), deadline) {
                 Ok(row) => return Ok(accepted(Outcome::Created, row)),
                 Err(failure) => failure,
             };
-            let class = classify(&failure.error, failure.commit_sent);
+            let log = Attempt {
+                login,
+                key,
+                attempt,
+            };
+            if let Some(batch) = failure.batch {
+                drop(conn);
+                return Err(self.batch_failed(batch, &log));
+            }
+            let class = classify(&failure.error, failure.commit_sent, failure.connection_lost);
             match class {
                 FailureClass::Conflict => {
                     return resolve_conflict(&mut conn, &plan, key, failure.error);
@@ -133,43 +165,96 @@ impl Intake {
                 FailureClass::Transient(cause) => {
                     // A broken connection goes back and is discarded by the pool.
                     drop(conn);
-                    if attempt >= self.retry.max_attempts {
-                        tracing::warn!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), error = %failure.error, "retries exhausted");
-                        return Err(SubmitError::RetriesExhausted {
-                            attempts: attempt,
-                            last: failure.error.to_string(),
-                        });
-                    }
-                    self.metrics.retry(cause.as_str());
-                    let delay = self.retry.delay(attempt, &mut rand::rng());
-                    tracing::info!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), delay_ms = delay.as_millis() as u64, error = %failure.error, "transient failure; retrying");
-                    std::thread::sleep(delay);
+                    self.back_off(cause, failure.error, deadline, &log)?;
                 }
                 FailureClass::UnknownOutcome => {
                     drop(conn);
                     tracing::warn!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "COMMIT outcome unknown; re-reading");
                     // Ok(None): nothing under the key, so it did not land.
-                    match self.settle_unknown_commit(login, key, attempt, &plan, &failure.error) {
-                        Ok(Some(accepted)) => return Ok(accepted),
-                        Err(e) => return Err(e),
-                        Ok(None) if reinsert_allowed || attempt < self.retry.max_attempts => {
+                    match self.settle_unknown_commit(&log, &plan, failure.error, deadline)? {
+                        Some(accepted) => return Ok(accepted),
+                        None if deadline.passed() => {
+                            return Err(
+                                StorageError::DeadlineExceeded("writing the plan again").into()
+                            );
+                        }
+                        None if reinsert_allowed || attempt < self.retry.max_attempts => {
                             reinsert_allowed = false;
                         }
-                        Ok(None) => {
-                            return Err(SubmitError::RetriesExhausted {
-                                attempts: attempt,
-                                last: failure.error.to_string(),
-                            });
+                        None => {
+                            return Err(
+                                StorageError::DeadlineExceeded("writing the plan again").into()
+                            );
                         }
                     }
                 }
-                FailureClass::Infrastructure => {
-                    return Err(StorageError::Unavailable(failure.error.to_string()).into());
+                FailureClass::Refused => {
+                    tracing::info!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "a rule of the table refused the plan");
+                    let constraint = match &failure.error {
+                        diesel::result::Error::DatabaseError(_, info) => {
+                            info.constraint_name().map(str::to_owned)
+                        }
+                        _ => None,
+                    };
+                    return Err(SubmitError::Refused {
+                        constraint,
+                        source: failure.error,
+                    });
                 }
-                FailureClass::Permanent | FailureClass::Other => {
-                    tracing::error!(maker = %login.name, key = key.as_str(), attempt, ?class, error = %failure.error, "write failed; not retried");
-                    return Err(failure.error.into());
+                FailureClass::Unavailable => {
+                    tracing::error!(maker = %login.name, key = key.as_str(), attempt, sqlstate = marked_sqlstate(&failure.error), error = %failure.error, "write failed; not retried");
+                    return Err(SubmitError::Unavailable(failure.error));
                 }
+            }
+        }
+    }
+
+    /// Waits before the next attempt of a transient failure, or gives up
+    /// when the retry budget or the deadline would be spent.
+    fn back_off(
+        &self,
+        cause: TransientCause,
+        error: diesel::result::Error,
+        deadline: &Deadline,
+        log: &Attempt<'_>,
+    ) -> Result<(), SubmitError> {
+        let Attempt {
+            login,
+            key,
+            attempt,
+        } = *log;
+        if attempt >= self.retry.max_attempts {
+            tracing::warn!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), %error, "retries exhausted");
+            return Err(SubmitError::RetriesExhausted {
+                attempts: attempt,
+                last: error,
+            });
+        }
+        let delay = self.retry.delay(attempt, &mut rand::rng());
+        if delay >= deadline.remaining() {
+            tracing::warn!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), %error, "no time left to retry");
+            return Err(StorageError::DeadlineExceeded("retrying the write").into());
+        }
+        self.metrics.retry(cause.as_str());
+        tracing::info!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), delay_ms = delay.as_millis() as u64, %error, "transient failure; retrying");
+        std::thread::sleep(delay);
+        Ok(())
+    }
+
+    fn batch_failed(&self, batch: BatchFailure, log: &Attempt<'_>) -> SubmitError {
+        let Attempt {
+            login,
+            key,
+            attempt,
+        } = *log;
+        tracing::warn!(maker = %login.name, key = key.as_str(), attempt, reason = batch.as_str(), "the shared write batch failed; nothing landed");
+        match batch {
+            BatchFailure::NotWrittenInTime => {
+                StorageError::DeadlineExceeded("queued for the write lock").into()
+            }
+            other => {
+                self.metrics.group_commit_failure(other.as_str());
+                SubmitError::BatchFailed(other)
             }
         }
     }
@@ -179,23 +264,27 @@ impl Intake {
     /// wrote, never just an id.
     fn settle_unknown_commit(
         &self,
-        login: &Login,
-        key: &IdempotencyKey,
-        attempt: u32,
+        log: &Attempt<'_>,
         plan: &NewPlan,
-        commit_error: &diesel::result::Error,
+        commit_error: diesel::result::Error,
+        deadline: &Deadline,
     ) -> Result<Option<Accepted>, SubmitError> {
-        let reread = self.db.conn().and_then(|mut conn| {
-            plans::find_by_key(&mut conn, &plan.maker, key.as_str()).map_err(StorageError::from)
+        let Attempt {
+            login,
+            key,
+            attempt,
+        } = *log;
+        let reread = self.db.read(deadline, |conn| {
+            plans::find_by_key(conn, &plan.maker, key.as_str())
         });
-        let branch_and_result = match reread {
+        let (branch, settled) = match reread {
             Err(e) => {
                 tracing::error!(maker = %login.name, key = key.as_str(), attempt, error = %e, "re-read after unknown COMMIT failed; writing nothing more");
                 (
                     UnknownCommitBranch::RereadFailed,
                     Err(SubmitError::CommitUnknown {
-                        commit_error: commit_error.to_string(),
-                        reread_error: e.to_string(),
+                        commit_error,
+                        reread_error: e,
                     }),
                 )
             }
@@ -213,11 +302,18 @@ impl Intake {
                 replay_or_refuse(&request_hash, plan, row).map(Some),
             ),
         };
-        let (branch, settled) = branch_and_result;
         self.metrics.unknown_commit(branch);
         tracing::info!(maker = %login.name, key = key.as_str(), attempt, branch = branch.as_str(), "unknown COMMIT settled");
         settled
     }
+}
+
+/// Who and which attempt, for log lines.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    login: &'a Login,
+    key: &'a IdempotencyKey,
+    attempt: u32,
 }
 
 /// Another writer holds the key or the plan. Its transaction has committed

@@ -10,13 +10,14 @@ pub const TABLES: [&str; 3] = ["logins", "plans", "intake_keys"];
 
 /// Every index and primary key, unique, check and foreign key constraint,
 /// as `(table, name)`, sorted.
-pub const PINNED_NAMES: [(&str, &str); 12] = [
+pub const PINNED_NAMES: [(&str, &str); 13] = [
     ("intake_keys", "intake_keys_maker_key_uq"),
     ("intake_keys", "intake_keys_pk"),
     ("intake_keys", "intake_keys_plan_id_fk"),
     ("intake_keys", "intake_keys_plan_id_ix"),
     ("logins", "logins_name_not_blank_ck"),
     ("logins", "logins_pk"),
+    ("logins", "logins_previous_token_hash_uq"),
     ("logins", "logins_token_hash_uq"),
     ("plans", "plans_feed_ix"),
     ("plans", "plans_maker_run_content_uq"),

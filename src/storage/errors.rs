@@ -1,11 +1,20 @@
-//! Storage errors and the one place that classifies a database error.
+//! Storage errors and the one place that classifies a failed write.
 //!
-//! diesel exposes no SQLSTATE: 23505, 23503, 23502, 23514, 40001 and the
-//! connection classes arrive as `DatabaseErrorKind`s, but deadlock (40P01),
-//! lock timeout (55P03), statement cancel (57014) and SQLite's BUSY/LOCKED
-//! arrive as `Unknown` and differ only in the server's English message text.
-//! `classify` therefore reads those messages; each class has a test against a
-//! real server (`tests/it/faults.rs`).
+//! Classes are decided by codes, never by message text (a server's
+//! `lc_messages` may be any language, and libpq's own wording varies):
+//!
+//! * diesel maps the SQLSTATEs 23505, 23503, 23502, 23514, 40001, 25006 and
+//!   the 08xxx connection classes to a `DatabaseErrorKind`;
+//! * every other Postgres error the write raises comes out of
+//!   `plan_intake_write`, which re-raises it with its SQLSTATE in the hint
+//!   (`plan-intake-sqlstate:40P01`, migration `…_plan_intake_write_timed`);
+//! * a lost connection is told by the connection's own state (libpq reports
+//!   no transaction status for a dead connection), whatever the message says;
+//! * SQLite's BUSY and LOCKED are recognised by SQLite's own text for those
+//!   result codes (`sqlite3_errstr`), which is what its error message is.
+//!
+//! Anything not recognised is `Unavailable`: a 503 asking for a retry with
+//! the same key, never a 500.
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
@@ -15,14 +24,39 @@ pub enum StorageError {
     #[error("{0}")]
     Config(String),
     /// The database cannot be reached, or no pooled connection freed up in time.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error("{what}")]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The request's deadline passed before the database answered.
+    #[error("the request's deadline passed while {0}")]
+    DeadlineExceeded(&'static str),
     #[error("migrations are pending: {}", .0.join(", "))]
     PendingMigrations(Vec<String>),
     #[error("migration failed: {0}")]
     Migration(String),
+    /// A command that changes the schema or the logins, run as a role that
+    /// may only read and write rows (the service's).
+    #[error(
+        "`{command}` needs the owner of the database objects, and role `{role}` is not: connect as the owner (the service's own role needs only the grants `plan-intake migrate grants ROLE` prints)"
+    )]
+    NeedsOwner { command: &'static str, role: String },
     #[error(transparent)]
     Query(#[from] DieselError),
+}
+
+impl StorageError {
+    pub fn unavailable(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StorageError::Unavailable {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
 }
 
 /// What a failed write means, and so what the write path does next.
@@ -30,16 +64,16 @@ pub enum StorageError {
 pub enum FailureClass {
     /// A unique rule refused the row: resolve by lookups after rollback.
     Conflict,
-    /// The server rolled back (or nothing was sent): retry the whole transaction.
+    /// The server rolled back (or nothing was sent): retry the whole write.
     Transient(TransientCause),
-    /// A rule the request itself breaks (CHECK, NOT NULL, foreign key): never retried.
-    Permanent,
+    /// A CHECK rule of the table refuses this plan: the request itself is
+    /// refused (422) and never retried.
+    Refused,
     /// Lost or cancelled during COMMIT: it may have landed. Re-read before anything else.
     UnknownOutcome,
-    /// The database is unreachable or read-only: stop and answer 503.
-    Infrastructure,
-    /// Anything else: a bug or a surprise; not retried.
-    Other,
+    /// Anything else (read-only, out of space, a missing privilege, a rule the
+    /// schema gained): 503, retry later with the same key; not retried here.
+    Unavailable,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,6 +87,15 @@ pub enum TransientCause {
 }
 
 impl TransientCause {
+    pub const ALL: [TransientCause; 6] = [
+        TransientCause::Deadlock,
+        TransientCause::SerializationFailure,
+        TransientCause::LockTimeout,
+        TransientCause::SqliteBusy,
+        TransientCause::ConnectionLost,
+        TransientCause::StatementCancelled,
+    ];
+
     /// The label under which retries of this cause are counted.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -66,77 +109,92 @@ impl TransientCause {
     }
 }
 
-/// Classifies a failed write transaction. `commit_sent` is true when the
-/// transaction's body had finished, so the error came from COMMIT itself
-/// (diesel reports a cut during the body and one during COMMIT alike).
-pub fn classify(error: &DieselError, commit_sent: bool) -> FailureClass {
+/// The prefix of the hint `plan_intake_write` puts on every error it raises.
+pub const SQLSTATE_HINT: &str = "plan-intake-sqlstate:";
+
+/// The SQLSTATE `plan_intake_write` attached to `error`, if it raised it.
+pub fn marked_sqlstate(error: &DieselError) -> Option<&str> {
+    match error {
+        DieselError::DatabaseError(_, info) => info.hint()?.strip_prefix(SQLSTATE_HINT),
+        _ => None,
+    }
+}
+
+/// Classifies a failed write. `commit_sent`: the statement that commits had
+/// been sent, so a lost connection leaves the outcome unknown (diesel reports
+/// a cut before and during COMMIT alike). `connection_lost`: the connection
+/// was found dead after the failure.
+pub fn classify(error: &DieselError, commit_sent: bool, connection_lost: bool) -> FailureClass {
     use DatabaseErrorKind as Kind;
-    let lost_or_cancelled = |cause| {
-        if commit_sent {
-            FailureClass::UnknownOutcome
-        } else {
-            FailureClass::Transient(cause)
-        }
+    let lost = if commit_sent {
+        FailureClass::UnknownOutcome
+    } else {
+        FailureClass::Transient(TransientCause::ConnectionLost)
     };
+    if let Some(code) = marked_sqlstate(error) {
+        // Raised by the server inside the write function: the statement's
+        // transaction rolled back, whatever the code.
+        return class_of_sqlstate(code).unwrap_or(FailureClass::Unavailable);
+    }
     match error {
         DieselError::DatabaseError(kind, info) => match kind {
             Kind::UniqueViolation => FailureClass::Conflict,
             Kind::SerializationFailure => {
                 FailureClass::Transient(TransientCause::SerializationFailure)
             }
-            Kind::CheckViolation | Kind::NotNullViolation | Kind::ForeignKeyViolation => {
-                FailureClass::Permanent
+            Kind::CheckViolation => FailureClass::Refused,
+            Kind::ClosedConnection => lost,
+            _ if connection_lost => lost,
+            _ if is_sqlite_busy(info.message()) => {
+                FailureClass::Transient(TransientCause::SqliteBusy)
             }
-            Kind::ClosedConnection => lost_or_cancelled(TransientCause::ConnectionLost),
-            Kind::ReadOnlyTransaction => FailureClass::Infrastructure,
-            _ => classify_message(info.message(), commit_sent),
+            // Raised outside the write function's body with the connection
+            // alive: at COMMIT (a deferred rule, a cancel) it may have been
+            // a commit, so re-read; before it, nothing was written.
+            Kind::Unknown if commit_sent => FailureClass::UnknownOutcome,
+            _ => FailureClass::Unavailable,
         },
-        DieselError::BrokenTransactionManager => lost_or_cancelled(TransientCause::ConnectionLost),
-        _ => FailureClass::Other,
+        DieselError::BrokenTransactionManager => lost,
+        _ if connection_lost => lost,
+        _ => FailureClass::Unavailable,
     }
 }
 
-/// The classes diesel leaves as `Unknown`, told apart by the server's words.
-fn classify_message(message: &str, commit_sent: bool) -> FailureClass {
-    let message = message.to_ascii_lowercase();
-    let transient = |cause| FailureClass::Transient(cause);
-    if message.contains("deadlock detected") {
-        transient(TransientCause::Deadlock)
-    } else if message.contains("could not obtain lock")
-        || message.contains("canceling statement due to lock timeout")
-    {
-        transient(TransientCause::LockTimeout)
-    } else if message.contains("database is locked") || message.contains("database table is locked")
-    {
-        transient(TransientCause::SqliteBusy)
-    } else if message.contains("canceling statement due to statement timeout")
-        || message.contains("canceling statement due to user request")
-    {
-        // A cancel during COMMIT is exactly the unknown case; before it, the
-        // server has rolled the transaction back.
-        if commit_sent {
-            FailureClass::UnknownOutcome
-        } else {
-            transient(TransientCause::StatementCancelled)
-        }
-    } else if message.contains("server closed the connection")
-        || message.contains("terminating connection")
-        || message.contains("connection to server")
-        || message.contains("no connection to the server")
-        || message.contains("ssl syscall error")
-        || message.contains("could not receive data")
-        || message.contains("could not send data")
-    {
-        if commit_sent {
-            FailureClass::UnknownOutcome
-        } else {
-            transient(TransientCause::ConnectionLost)
-        }
-    } else if message.contains("read-only transaction") || message.contains("disk") {
-        FailureClass::Infrastructure
-    } else {
-        FailureClass::Other
-    }
+/// The class of a Postgres SQLSTATE raised inside the write function (so the
+/// statement's transaction is known to have rolled back).
+pub fn class_of_sqlstate(code: &str) -> Option<FailureClass> {
+    use FailureClass::*;
+    use TransientCause::*;
+    Some(match code {
+        "23505" => Conflict,
+        "23514" => Refused,
+        "40P01" => Transient(Deadlock),
+        "40001" => Transient(SerializationFailure),
+        "55P03" => Transient(LockTimeout),
+        // statement_timeout or a cancel request: the function's work rolled back.
+        "57014" => Transient(StatementCancelled),
+        // Shutting down, crashed, or not yet accepting: the server goes away.
+        "57P01" | "57P02" | "57P03" => Transient(ConnectionLost),
+        code if code.starts_with("08") => Transient(ConnectionLost),
+        _ => return None,
+    })
+}
+
+/// SQLite's message for a BUSY or LOCKED result is the library's own fixed
+/// text for that code; compare with it rather than with a copy of the words.
+fn is_sqlite_busy(message: &str) -> bool {
+    use libsqlite3_sys::{SQLITE_BUSY, SQLITE_LOCKED, sqlite3_errstr};
+    [SQLITE_BUSY, SQLITE_LOCKED].into_iter().any(|code| {
+        // SAFETY: sqlite3_errstr returns a static, NUL-terminated string for
+        // every result code, valid for the life of the process.
+        let text = unsafe { std::ffi::CStr::from_ptr(sqlite3_errstr(code)) };
+        text.to_str().is_ok_and(|text| text == message)
+    })
+}
+
+/// True for SQLite's BUSY/LOCKED, by result code (see [`classify`]).
+pub fn is_busy(error: &DieselError) -> bool {
+    matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) if is_sqlite_busy(info.message()))
 }
 
 /// True for a unique-constraint violation. The transaction that raised it has
@@ -146,4 +204,140 @@ pub fn is_unique_violation(error: &DieselError) -> bool {
         error,
         DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)
     )
+}
+
+/// True when the connection is gone: by the error's kind, or by the state
+/// the connection was left in.
+pub fn is_connection_lost(error: &DieselError, connection_broken: bool) -> bool {
+    connection_broken
+        || matches!(
+            error,
+            DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+                | DieselError::BrokenTransactionManager
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database error as diesel would report it, with an optional hint.
+    #[derive(Debug)]
+    struct Info {
+        message: &'static str,
+        hint: Option<&'static str>,
+    }
+
+    impl diesel::result::DatabaseErrorInformation for Info {
+        fn message(&self) -> &str {
+            self.message
+        }
+        fn details(&self) -> Option<&str> {
+            None
+        }
+        fn hint(&self) -> Option<&str> {
+            self.hint
+        }
+        fn table_name(&self) -> Option<&str> {
+            None
+        }
+        fn column_name(&self) -> Option<&str> {
+            None
+        }
+        fn constraint_name(&self) -> Option<&str> {
+            None
+        }
+        fn statement_position(&self) -> Option<i32> {
+            None
+        }
+    }
+
+    fn error(
+        kind: DatabaseErrorKind,
+        message: &'static str,
+        hint: Option<&'static str>,
+    ) -> DieselError {
+        DieselError::DatabaseError(kind, Box::new(Info { message, hint }))
+    }
+
+    #[test]
+    fn a_marked_sqlstate_decides_whatever_the_language() {
+        let cases = [
+            (
+                "plan-intake-sqlstate:40P01",
+                FailureClass::Transient(TransientCause::Deadlock),
+            ),
+            (
+                "plan-intake-sqlstate:55P03",
+                FailureClass::Transient(TransientCause::LockTimeout),
+            ),
+            (
+                "plan-intake-sqlstate:57014",
+                FailureClass::Transient(TransientCause::StatementCancelled),
+            ),
+            (
+                "plan-intake-sqlstate:40001",
+                FailureClass::Transient(TransientCause::SerializationFailure),
+            ),
+            ("plan-intake-sqlstate:23505", FailureClass::Conflict),
+            ("plan-intake-sqlstate:23514", FailureClass::Refused),
+            ("plan-intake-sqlstate:23502", FailureClass::Unavailable),
+            ("plan-intake-sqlstate:42501", FailureClass::Unavailable),
+            ("plan-intake-sqlstate:53100", FailureClass::Unavailable),
+        ];
+        for (hint, class) in cases {
+            for commit_sent in [false, true] {
+                let e = error(
+                    DatabaseErrorKind::Unknown,
+                    "FEHLER: Verklemmung (Deadlock) entdeckt",
+                    Some(hint),
+                );
+                assert_eq!(classify(&e, commit_sent, false), class, "{hint}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_connection_is_known_by_state_not_by_words() {
+        let e = error(
+            DatabaseErrorKind::Unknown,
+            "keine Verbindung zum Server",
+            None,
+        );
+        assert_eq!(
+            classify(&e, false, true),
+            FailureClass::Transient(TransientCause::ConnectionLost)
+        );
+        assert_eq!(classify(&e, true, true), FailureClass::UnknownOutcome);
+        let closed = error(DatabaseErrorKind::ClosedConnection, "", None);
+        assert_eq!(classify(&closed, true, false), FailureClass::UnknownOutcome);
+    }
+
+    #[test]
+    fn an_unrecognised_error_is_unavailable_or_unknown_never_a_bug() {
+        let e = error(DatabaseErrorKind::Unknown, "irgendwas", None);
+        assert_eq!(classify(&e, false, false), FailureClass::Unavailable);
+        assert_eq!(classify(&e, true, false), FailureClass::UnknownOutcome);
+        let fk = error(DatabaseErrorKind::ForeignKeyViolation, "", None);
+        assert_eq!(classify(&fk, true, false), FailureClass::Unavailable);
+        let read_only = error(DatabaseErrorKind::ReadOnlyTransaction, "", None);
+        assert_eq!(
+            classify(&read_only, false, false),
+            FailureClass::Unavailable
+        );
+        let other = DieselError::NotFound;
+        assert_eq!(classify(&other, false, false), FailureClass::Unavailable);
+    }
+
+    #[test]
+    fn sqlite_busy_is_recognised_by_its_result_code_text() {
+        let busy = error(DatabaseErrorKind::Unknown, "database is locked", None);
+        assert_eq!(
+            classify(&busy, false, false),
+            FailureClass::Transient(TransientCause::SqliteBusy)
+        );
+        assert!(is_busy(&busy));
+        let locked = error(DatabaseErrorKind::Unknown, "database table is locked", None);
+        assert!(is_busy(&locked));
+    }
 }

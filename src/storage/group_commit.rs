@@ -8,17 +8,25 @@
 //! request's savepoint (its plan row with it) and comes back to it as a
 //! conflict, resolved by lookups after the batch has committed, as always.
 //! If the batch cannot begin, nothing was written and every request sees a
-//! transient error; if its COMMIT fails, every request sees an unknown
-//! outcome and settles it by re-reading, as a lone write would. The unique
-//! indexes still decide every race; the queue only decides who writes when.
+//! transient error (retried). If its COMMIT fails, SQLite has rolled the
+//! whole batch back, and if the leader panics its transaction is abandoned:
+//! either way nothing landed and every request is answered 503 (retry with
+//! the same key). A writer whose deadline passes while still queued leaves
+//! the queue unwritten. The unique indexes still decide every race; the
+//! queue only decides who writes when.
 
 use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
 use diesel::result::Error as DieselError;
 use diesel::{Connection, SqliteConnection};
 
-use super::plans::{NewPlan, PlanRow, WriteFailure, insert_both_rows};
+use super::plans::{BatchFailure, NewPlan, PlanRow, WriteFailure, insert_both_rows};
+use crate::deadline::Deadline;
 
 type WriteResult = Result<PlanRow, WriteFailure>;
 
@@ -26,6 +34,7 @@ type WriteResult = Result<PlanRow, WriteFailure>;
 struct Slot {
     plan: NewPlan,
     key: String,
+    deadline: Deadline,
     result: Mutex<Option<WriteResult>>,
 }
 
@@ -35,10 +44,14 @@ struct Queue {
     leading: bool,
 }
 
-#[derive(Default)]
 pub struct WriteQueue {
     queue: Mutex<Queue>,
     done: Condvar,
+    /// The configured busy timeout; a batch waits no longer than this, nor
+    /// past the earliest deadline among its writers.
+    busy_timeout: Duration,
+    /// Test seam: the next batch's leader panics inside its transaction.
+    panic_next_batch: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,12 +59,34 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl WriteQueue {
+    pub fn new(busy_timeout: Duration) -> Self {
+        Self {
+            queue: Mutex::default(),
+            done: Condvar::new(),
+            busy_timeout,
+            panic_next_batch: AtomicBool::new(false),
+        }
+    }
+
+    /// Makes the next batch's leader panic mid-transaction (for tests of
+    /// that failure path; nothing else calls it).
+    pub fn panic_in_next_batch(&self) {
+        self.panic_next_batch.store(true, Ordering::SeqCst);
+    }
+
     /// Writes `plan` and its key row, in a batch with whatever else is queued.
     /// `conn` writes the batch if this caller ends up leading it.
-    pub fn write(&self, conn: &mut SqliteConnection, plan: &NewPlan, key: &str) -> WriteResult {
+    pub fn write(
+        &self,
+        conn: &mut SqliteConnection,
+        plan: &NewPlan,
+        key: &str,
+        deadline: &Deadline,
+    ) -> WriteResult {
         let slot = Arc::new(Slot {
             plan: plan.clone(),
             key: key.to_owned(),
+            deadline: *deadline,
             result: Mutex::new(None),
         });
         let mut queue = lock(&self.queue);
@@ -61,10 +96,26 @@ impl WriteQueue {
                 return result;
             }
             if queue.leading {
-                queue = self
-                    .done
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
+                let left = slot.deadline.remaining();
+                if left.is_zero() {
+                    // Still queued: leave unwritten. Already in the batch
+                    // being written: its answer comes within that batch's
+                    // wait, which is bounded by the earliest deadline in it.
+                    if let Some(at) = queue.waiting.iter().position(|s| Arc::ptr_eq(s, &slot)) {
+                        queue.waiting.remove(at);
+                        return Err(batch_failed(BatchFailure::NotWrittenInTime));
+                    }
+                    queue = self
+                        .done
+                        .wait(queue)
+                        .unwrap_or_else(PoisonError::into_inner);
+                } else {
+                    queue = self
+                        .done
+                        .wait_timeout(queue, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
                 continue;
             }
             // Lead one batch (ours is in it), then hand over: a leader that
@@ -75,12 +126,46 @@ impl WriteQueue {
                 batch: std::mem::take(&mut queue.waiting),
             };
             drop(queue);
-            let results = write_batch(conn, &batch.batch);
+            let results = self.lead(conn, &batch.batch);
             for (slot, result) in batch.batch.iter().zip(results) {
                 *lock(&slot.result) = Some(result);
             }
             drop(batch);
             queue = lock(&self.queue);
+        }
+    }
+
+    /// Writes one batch; a panic while writing answers every writer in it.
+    fn lead(&self, conn: &mut SqliteConnection, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
+        let patience = batch
+            .iter()
+            .map(|slot| slot.deadline.wait_budget())
+            .fold(self.busy_timeout, Duration::min)
+            .max(Duration::from_millis(1));
+        if let Err(error) =
+            conn.batch_execute(&format!("PRAGMA busy_timeout = {}", patience.as_millis()))
+        {
+            return batch
+                .iter()
+                .map(|_| Err(WriteFailure::new(copy_error(&error), false)))
+                .collect();
+        }
+        let panic_now = self.panic_next_batch.swap(false, Ordering::SeqCst);
+        match catch_unwind(AssertUnwindSafe(|| write_batch(conn, batch, panic_now))) {
+            Ok(results) => results,
+            Err(_) => {
+                tracing::error!(
+                    writers = batch.len(),
+                    "the group-commit leader panicked; its batch is abandoned"
+                );
+                // Give the write lock back now. diesel still counts the
+                // transaction as open, so the pool discards this connection.
+                let _ = conn.batch_execute("ROLLBACK");
+                batch
+                    .iter()
+                    .map(|_| Err(batch_failed(BatchFailure::LeaderPanicked)))
+                    .collect()
+            }
         }
     }
 }
@@ -97,7 +182,7 @@ impl Drop for Leading<'_> {
         for slot in &self.batch {
             let mut result = lock(&slot.result);
             if result.is_none() {
-                *result = Some(Err(lost("the batch writer stopped before answering")));
+                *result = Some(Err(batch_failed(BatchFailure::LeaderPanicked)));
             }
         }
         lock(&self.queue.queue).leading = false;
@@ -105,17 +190,22 @@ impl Drop for Leading<'_> {
     }
 }
 
-fn write_batch(conn: &mut SqliteConnection, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
+fn write_batch(
+    conn: &mut SqliteConnection,
+    batch: &[Arc<Slot>],
+    panic_inside: bool,
+) -> Vec<WriteResult> {
     let mut results: Vec<Option<WriteResult>> = batch.iter().map(|_| None).collect();
     let body_done = Cell::new(false);
     let outcome = conn.immediate_transaction(|c| {
+        assert!(
+            !panic_inside,
+            "injected panic in the group-commit leader (test seam)"
+        );
         for (slot, result) in batch.iter().zip(results.iter_mut()) {
             // A savepoint each: one plan's violation must not undo the others.
             let written = c.transaction(|c| insert_both_rows(c, &slot.plan, &slot.key));
-            *result = Some(written.map_err(|error| WriteFailure {
-                error,
-                commit_sent: false,
-            }));
+            *result = Some(written.map_err(|error| WriteFailure::new(error, false)));
         }
         body_done.set(true);
         Ok::<(), DieselError>(())
@@ -123,17 +213,24 @@ fn write_batch(conn: &mut SqliteConnection, batch: &[Arc<Slot>]) -> Vec<WriteRes
     match outcome {
         Ok(()) => results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(lost("no result recorded"))))
+            .map(|r| r.unwrap_or_else(|| Err(batch_failed(BatchFailure::LeaderPanicked))))
             .collect(),
-        // BEGIN failed (busy) or COMMIT failed: one error for every request.
+        // COMMIT failed: SQLite rolled the whole batch back.
+        Err(error) if body_done.get() => {
+            tracing::error!(writers = batch.len(), %error, "the group commit failed; nothing in the batch landed");
+            batch
+                .iter()
+                .map(|_| {
+                    let mut failure = WriteFailure::new(copy_error(&error), false);
+                    failure.batch = Some(BatchFailure::CommitFailed);
+                    Err(failure)
+                })
+                .collect()
+        }
+        // BEGIN failed (busy): nothing was written; one error for every request.
         Err(error) => batch
             .iter()
-            .map(|_| {
-                Err(WriteFailure {
-                    error: copy_error(&error),
-                    commit_sent: body_done.get(),
-                })
-            })
+            .map(|_| Err(WriteFailure::new(copy_error(&error), false)))
             .collect(),
     }
 }
@@ -150,9 +247,8 @@ fn copy_error(error: &DieselError) -> DieselError {
     }
 }
 
-fn lost(why: &str) -> WriteFailure {
-    WriteFailure {
-        error: DieselError::QueryBuilderError(why.into()),
-        commit_sent: false,
-    }
+fn batch_failed(why: BatchFailure) -> WriteFailure {
+    let mut failure = WriteFailure::new(DieselError::QueryBuilderError(why.as_str().into()), false);
+    failure.batch = Some(why);
+    failure
 }

@@ -3,8 +3,8 @@
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
-use super::DbConn;
 use super::schema::logins;
+use super::{DbConn, StorageError};
 use crate::with_conn;
 
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -15,6 +15,8 @@ pub struct LoginRow {
     pub permissions: String,
     pub created_at: NaiveDateTime,
     pub revoked_at: Option<NaiveDateTime>,
+    pub previous_token_hash: Option<String>,
+    pub previous_token_expires_at: Option<NaiveDateTime>,
 }
 
 #[derive(Debug, Insertable)]
@@ -30,18 +32,57 @@ pub fn insert(conn: &mut DbConn, login: &NewLogin<'_>) -> QueryResult<()> {
     with_conn!(conn, c => diesel::insert_into(logins::table).values(login).execute(c)).map(|_| ())
 }
 
-/// The active (not revoked) login whose token hashes to `token_hash`.
-/// Found by an index lookup on the hash, so no code compares secrets.
+/// The active (not revoked) login whose token hashes to `token_hash`: its
+/// current token, or its previous one while that is in its grace period.
+/// Found by index lookups on the hashes, so no code compares secrets.
 pub fn find_active_by_token_hash(
     conn: &mut DbConn,
     token_hash: &str,
+    now: NaiveDateTime,
 ) -> QueryResult<Option<LoginRow>> {
     with_conn!(conn, c => logins::table
-        .filter(logins::token_hash.eq(token_hash))
+        .filter(
+            logins::token_hash.eq(token_hash).or(logins::previous_token_hash
+                .eq(token_hash)
+                .and(logins::previous_token_expires_at.gt(now))),
+        )
         .filter(logins::revoked_at.is_null())
         .select(LoginRow::as_select())
         .first(c)
         .optional())
+}
+
+/// Gives the login a new token hash. The current one stays valid until
+/// `previous_valid_until` unless the login was revoked, in which case no old
+/// token comes back and the login is active again. False: no such login.
+pub fn rotate(
+    conn: &mut DbConn,
+    name: &str,
+    new_token_hash: &str,
+    previous_valid_until: NaiveDateTime,
+) -> QueryResult<bool> {
+    use diesel::dsl::case_when;
+    use diesel::sql_types::{Nullable, Text, Timestamp};
+    let previous_hash = case_when::<_, _, Nullable<Text>>(
+        logins::revoked_at.is_null(),
+        logins::token_hash.nullable(),
+    )
+    .otherwise(None::<String>.into_sql::<Nullable<Text>>());
+    let previous_until = case_when::<_, _, Nullable<Timestamp>>(
+        logins::revoked_at.is_null(),
+        previous_valid_until.into_sql::<Timestamp>().nullable(),
+    )
+    .otherwise(None::<NaiveDateTime>.into_sql::<Nullable<Timestamp>>());
+    with_conn!(conn, c => diesel::update(logins::table)
+        .filter(logins::name.eq(name))
+        .set((
+            logins::previous_token_hash.eq(previous_hash),
+            logins::previous_token_expires_at.eq(previous_until),
+            logins::token_hash.eq(new_token_hash),
+            logins::revoked_at.eq(None::<NaiveDateTime>),
+        ))
+        .execute(c))
+    .map(|rows| rows == 1)
 }
 
 pub fn list(conn: &mut DbConn) -> QueryResult<Vec<LoginRow>> {
@@ -59,4 +100,30 @@ pub fn revoke(conn: &mut DbConn, name: &str, at: NaiveDateTime) -> QueryResult<b
         .set(logins::revoked_at.eq(at))
         .execute(c))
     .map(|rows| rows == 1)
+}
+
+/// Refuses, in one line, a role that may not change logins (the service's
+/// role may only read them). SQLite has no roles.
+pub fn require_admin(conn: &mut DbConn, command: &'static str) -> Result<(), StorageError> {
+    #[derive(QueryableByName)]
+    struct Flag {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        flag: bool,
+    }
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(());
+    };
+    let may = diesel::sql_query(
+        "SELECT has_table_privilege('logins', 'INSERT') AND has_table_privilege('logins', 'UPDATE') AS flag",
+    )
+    .get_result::<Flag>(pg)?
+    .flag;
+    if may {
+        Ok(())
+    } else {
+        Err(StorageError::NeedsOwner {
+            command,
+            role: super::migrations::current_role(pg)?,
+        })
+    }
 }

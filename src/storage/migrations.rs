@@ -1,23 +1,135 @@
 //! Embedded migrations, one folder per backend with identical names.
+//!
+//! Everything that only asks (pending, applied, readiness) reads the
+//! bookkeeping table and creates nothing: a missing table means every
+//! migration is pending. Only `run` and `revert` change the schema, and they
+//! check first that the role may, so a service role is refused in one line.
 
 use std::sync::{Arc, Mutex};
 
-use diesel::connection::InstrumentationEvent;
-use diesel::migration::MigrationSource;
+use diesel::backend::Backend;
+use diesel::connection::{BoxableConnection, InstrumentationEvent};
+use diesel::migration::{Migration, MigrationSource};
+use diesel::sql_types::{BigInt, Bool, Text};
 use diesel::{Connection, RunQueryDsl};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use super::{DbConn, StorageError};
+use crate::with_conn;
 
 pub const POSTGRES: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 pub const SQLITE: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+/// diesel's bookkeeping table.
+const HISTORY_TABLE: &str = "__diesel_schema_migrations";
 
 /// Any fixed number: the session-level advisory lock that keeps two
 /// processes from migrating one Postgres database at once.
 const MIGRATION_LOCK_KEY: i64 = 0x706c_616e_5f69_6e74;
 
+#[derive(diesel::QueryableByName)]
+struct Version {
+    #[diesel(sql_type = Text)]
+    version: String,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    flag: bool,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+fn source_for(conn: &DbConn) -> EmbeddedMigrations {
+    match conn {
+        DbConn::Postgres(_) => POSTGRES,
+        DbConn::Sqlite(_) => SQLITE,
+    }
+}
+
+/// The versions recorded as applied, read without creating anything.
+fn applied_versions(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
+    let present = match conn {
+        DbConn::Postgres(pg) => diesel::sql_query(format!(
+            "SELECT to_regclass('{HISTORY_TABLE}') IS NOT NULL AS flag"
+        ))
+        .get_result::<Flag>(pg)?
+        .flag,
+        DbConn::Sqlite(lite) => diesel::sql_query(format!(
+            "SELECT COUNT(*) > 0 AS flag FROM sqlite_master WHERE type = 'table' AND name = '{HISTORY_TABLE}'"
+        ))
+        .get_result::<Flag>(lite)?
+        .flag,
+    };
+    if !present {
+        return Ok(Vec::new());
+    }
+    let sql = format!("SELECT version FROM {HISTORY_TABLE} ORDER BY version");
+    let versions: Vec<Version> = with_conn!(conn, c => diesel::sql_query(&sql).load(c))?;
+    Ok(versions.into_iter().map(|v| v.version).collect())
+}
+
+/// Names of the migrations not yet applied, in the order they would run.
+pub fn pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
+    let applied = applied_versions(conn)?;
+    Ok(embedded_names(source_for(conn))?
+        .into_iter()
+        .filter(|name| !applied.contains(&version_of(name)))
+        .collect())
+}
+
+/// Names of the applied migrations, oldest first.
+pub fn applied(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
+    let versions = applied_versions(conn)?;
+    named(versions, source_for(conn))
+}
+
+/// Refuses, in one line, a role that may not change the schema (Postgres:
+/// it cannot create in the schema, or does not own the tables).
+pub fn require_owner(conn: &mut DbConn, command: &'static str) -> Result<(), StorageError> {
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(());
+    };
+    let may = diesel::sql_query(
+        "SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false)
+            AND COALESCE((SELECT pg_has_role(current_user, c.relowner, 'USAGE')
+                            FROM pg_class c WHERE c.oid = to_regclass('plans')), true) AS flag",
+    )
+    .get_result::<Flag>(pg)?
+    .flag;
+    if may {
+        Ok(())
+    } else {
+        Err(StorageError::NeedsOwner {
+            command,
+            role: current_role(pg)?,
+        })
+    }
+}
+
+pub(super) fn current_role(pg: &mut diesel::PgConnection) -> Result<String, StorageError> {
+    #[derive(diesel::QueryableByName)]
+    struct Role {
+        #[diesel(sql_type = Text)]
+        role: String,
+    }
+    Ok(diesel::sql_query("SELECT current_user::text AS role")
+        .get_result::<Role>(pg)?
+        .role)
+}
+
 /// Applies every pending migration in version order; returns their names.
+/// With nothing pending it changes nothing (not even diesel's table).
 pub fn run_pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
+    if pending(conn)?.is_empty() {
+        return Ok(Vec::new());
+    }
+    require_owner(conn, "migrate run")?;
     let result = match conn {
         DbConn::Postgres(pg) => {
             diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
@@ -46,11 +158,7 @@ pub fn run_pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
         }
     };
     let versions = result.map_err(|e| StorageError::Migration(e.to_string()))?;
-    let source = match conn {
-        DbConn::Postgres(_) => POSTGRES,
-        DbConn::Sqlite(_) => SQLITE,
-    };
-    named(versions, source)
+    named(versions, source_for(conn))
 }
 
 /// Folder names for diesel's version numbers (`20261130000001`).
@@ -68,80 +176,161 @@ fn named(versions: Vec<String>, source: EmbeddedMigrations) -> Result<Vec<String
         .collect())
 }
 
-/// The SQL each pending migration would run, by name, in order. It is
-/// captured by running them inside a transaction that is then rolled back
-/// (DDL is transactional on both backends), so nothing is applied, not even
-/// diesel's bookkeeping table.
-pub fn pending_sql(conn: &mut DbConn) -> Result<Vec<(String, String)>, StorageError> {
+/// Which way [`capture_sql`] runs the migrations it is given.
+#[derive(Clone, Copy)]
+enum Direction {
+    Up,
+    Down,
+}
+
+/// The SQL each migration runs (`up.sql`, or `down.sql` for `Down`), by
+/// name, captured by running them inside a transaction that is then rolled
+/// back (DDL is transactional on both backends): nothing is applied, not
+/// even diesel's bookkeeping.
+fn capture_sql<C, DB>(
+    conn: &mut C,
+    migrations: Vec<Box<dyn Migration<DB>>>,
+    direction: Direction,
+) -> Result<Vec<(String, String)>, StorageError>
+where
+    DB: Backend,
+    C: Connection<Backend = DB> + BoxableConnection<DB>,
+{
     let captured: Arc<Mutex<Vec<String>>> = Arc::default();
     let sink = Arc::clone(&captured);
-    let record = move |event: InstrumentationEvent<'_>| {
-        if let InstrumentationEvent::StartQuery { query, .. } = event
-            && let Ok(mut queries) = sink.lock()
-        {
-            queries.push(query.to_string());
-        }
-    };
     let mut planned = Vec::new();
     let mut failure = None;
-    macro_rules! capture {
-        ($conn:expr, $source:expr) => {{
-            let conn = $conn;
-            let outcome = conn.transaction::<(), diesel::result::Error, _>(|c| {
-                let pending = match c.pending_migrations($source) {
-                    Ok(pending) => pending,
-                    Err(e) => {
-                        failure = Some(e.to_string());
-                        return Err(diesel::result::Error::RollbackTransaction);
-                    }
-                };
-                c.set_instrumentation(record.clone());
-                for migration in pending {
-                    let before = captured.lock().map(|q| q.len()).unwrap_or(0);
-                    if let Err(e) = migration.run(c) {
-                        failure = Some(format!("{}: {e}", migration.name()));
-                        break;
-                    }
-                    let sql = captured
-                        .lock()
-                        .map(|q| q[before..].join("\n"))
-                        .unwrap_or_default();
-                    planned.push((migration.name().to_string(), sql));
-                }
-                c.set_instrumentation(|_: InstrumentationEvent<'_>| {});
-                Err(diesel::result::Error::RollbackTransaction)
-            });
-            match outcome {
-                Err(diesel::result::Error::RollbackTransaction) | Ok(()) => {}
-                Err(e) => failure = Some(e.to_string()),
+    let outcome = conn.transaction::<(), diesel::result::Error, _>(|c| {
+        c.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event
+                && let Ok(mut queries) = sink.lock()
+            {
+                queries.push(query.to_string());
             }
-        }};
-    }
-    match conn {
-        DbConn::Postgres(pg) => capture!(pg, POSTGRES),
-        DbConn::Sqlite(lite) => capture!(lite, SQLITE),
-    }
-    match failure {
-        Some(e) => Err(StorageError::Migration(e)),
-        None => Ok(planned),
+        });
+        for migration in &migrations {
+            let before = captured.lock().map(|q| q.len()).unwrap_or(0);
+            let ran = match direction {
+                Direction::Up => migration.run(c),
+                Direction::Down => migration.revert(c),
+            };
+            if let Err(e) = ran {
+                failure = Some(format!("{}: {e}", migration.name()));
+                break;
+            }
+            let sql = captured
+                .lock()
+                .map(|q| q[before..].join("\n"))
+                .unwrap_or_default();
+            planned.push((migration.name().to_string(), sql));
+        }
+        c.set_instrumentation(|_: InstrumentationEvent<'_>| {});
+        Err(diesel::result::Error::RollbackTransaction)
+    });
+    match (failure, outcome) {
+        (Some(e), _) => Err(StorageError::Migration(e)),
+        (None, Err(diesel::result::Error::RollbackTransaction) | Ok(())) => Ok(planned),
+        (None, Err(e)) => Err(StorageError::Migration(e.to_string())),
     }
 }
 
-/// Names of the migrations not yet applied, in the order they would run.
-pub fn pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
-    let result = match conn {
-        DbConn::Postgres(pg) => pg
-            .pending_migrations(POSTGRES)
-            .map(|ms| ms.iter().map(|m| m.name().to_string()).collect()),
-        DbConn::Sqlite(lite) => lite
-            .pending_migrations(SQLITE)
-            .map(|ms| ms.iter().map(|m| m.name().to_string()).collect()),
+/// The SQL each pending migration would run, by name, in order; nothing is
+/// applied.
+pub fn pending_sql(conn: &mut DbConn) -> Result<Vec<(String, String)>, StorageError> {
+    let pending = pending(conn)?;
+    match conn {
+        DbConn::Postgres(pg) => {
+            let steps = select(POSTGRES, &pending)?;
+            capture_sql(pg, steps, Direction::Up)
+        }
+        DbConn::Sqlite(lite) => {
+            let steps = select(SQLITE, &pending)?;
+            capture_sql(lite, steps, Direction::Up)
+        }
+    }
+}
+
+/// What `migrate revert` would run: the most recent migration's name and
+/// its `down.sql` as executed; nothing is reverted. `None`: nothing applied.
+pub fn revert_sql(conn: &mut DbConn) -> Result<Option<(String, String)>, StorageError> {
+    let Some(last) = applied(conn)?.pop() else {
+        return Ok(None);
     };
-    result.map_err(|e| StorageError::Migration(e.to_string()))
+    let only = std::slice::from_ref(&last);
+    let planned = match conn {
+        DbConn::Postgres(pg) => capture_sql(pg, select(POSTGRES, only)?, Direction::Down)?,
+        DbConn::Sqlite(lite) => capture_sql(lite, select(SQLITE, only)?, Direction::Down)?,
+    };
+    Ok(planned.into_iter().next())
+}
+
+/// The tables `sql` drops that hold rows, with their row counts.
+pub fn tables_with_rows_dropped_by(
+    conn: &mut DbConn,
+    sql: &str,
+) -> Result<Vec<(String, i64)>, StorageError> {
+    let mut found = Vec::new();
+    for table in dropped_tables(sql) {
+        let query = format!("SELECT COUNT(*) AS n FROM {table}");
+        let rows = with_conn!(conn, c => diesel::sql_query(&query).get_result::<Count>(c))?.n;
+        if rows > 0 {
+            found.push((table, rows));
+        }
+    }
+    Ok(found)
+}
+
+/// Table names after `DROP TABLE [IF EXISTS]` in `sql`.
+fn dropped_tables(sql: &str) -> Vec<String> {
+    let words: Vec<&str> = sql
+        .split(|c: char| c.is_whitespace() || c == ';' || c == ',')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut tables = Vec::new();
+    for (i, pair) in words.windows(2).enumerate() {
+        if pair[0].eq_ignore_ascii_case("DROP") && pair[1].eq_ignore_ascii_case("TABLE") {
+            let mut at = i + 2;
+            if words.get(at).is_some_and(|w| w.eq_ignore_ascii_case("IF"))
+                && words
+                    .get(at + 1)
+                    .is_some_and(|w| w.eq_ignore_ascii_case("EXISTS"))
+            {
+                at += 2;
+            }
+            if let Some(name) = words.get(at) {
+                tables.push(name.trim_matches('"').to_owned());
+            }
+        }
+    }
+    tables
+}
+
+/// The embedded migrations named in `names`, in that order.
+fn select<DB: Backend>(
+    source: EmbeddedMigrations,
+    names: &[String],
+) -> Result<Vec<Box<dyn Migration<DB>>>, StorageError>
+where
+    EmbeddedMigrations: MigrationSource<DB>,
+{
+    let all = MigrationSource::<DB>::migrations(&source)
+        .map_err(|e| StorageError::Migration(e.to_string()))?;
+    let mut by_name: Vec<Option<Box<dyn Migration<DB>>>> = all.into_iter().map(Some).collect();
+    names
+        .iter()
+        .map(|name| {
+            by_name
+                .iter_mut()
+                .find(|m| m.as_ref().is_some_and(|m| m.name().to_string() == *name))
+                .and_then(Option::take)
+                .ok_or_else(|| StorageError::Migration(format!("{name}: not in this binary")))
+        })
+        .collect()
 }
 
 /// Reverts the most recent migration; returns its name.
 pub fn revert_last(conn: &mut DbConn) -> Result<String, StorageError> {
+    require_owner(conn, "migrate revert")?;
     let (result, source) = match conn {
         DbConn::Postgres(pg) => (pg.revert_last_migration(POSTGRES), POSTGRES),
         DbConn::Sqlite(lite) => (lite.revert_last_migration(SQLITE), SQLITE),
@@ -157,19 +346,6 @@ pub fn revert_last(conn: &mut DbConn) -> Result<String, StorageError> {
 
 fn names(versions: Vec<diesel::migration::MigrationVersion<'_>>) -> Vec<String> {
     versions.into_iter().map(|v| v.to_string()).collect()
-}
-
-/// Names of the applied migrations, oldest first.
-pub fn applied(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
-    let (result, source) = match conn {
-        DbConn::Postgres(pg) => (pg.applied_migrations(), POSTGRES),
-        DbConn::Sqlite(lite) => (lite.applied_migrations(), SQLITE),
-    };
-    let mut versions = result
-        .map(names)
-        .map_err(|e| StorageError::Migration(e.to_string()))?;
-    versions.sort();
-    named(versions, source)
 }
 
 /// Every migration this binary carries for a backend, by folder name, in order.
@@ -189,4 +365,58 @@ fn version_of(name: &str) -> String {
         .chars()
         .filter(char::is_ascii_digit)
         .collect()
+}
+
+/// The `GRANT` statements that let `role` run the service and nothing more:
+/// read the schema's objects, add rows to `plans` and `intake_keys`, call the
+/// write function. Postgres only; names are quoted by the server.
+pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageError> {
+    let DbConn::Postgres(pg) = conn else {
+        return Err(StorageError::Config(
+            "SQLite has no roles: the file's permissions decide who may use it".to_owned(),
+        ));
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Statement {
+        #[diesel(sql_type = Text)]
+        sql: String,
+    }
+    let statements: Vec<Statement> = diesel::sql_query(
+        "WITH s AS (SELECT current_schema() AS name)
+         SELECT format('GRANT USAGE ON SCHEMA %I TO %I;', s.name, $1) AS sql FROM s
+         UNION ALL
+         SELECT format('GRANT SELECT ON TABLE %I.logins, %I.__diesel_schema_migrations TO %I;', s.name, s.name, $1) FROM s
+         UNION ALL
+         SELECT format('GRANT SELECT, INSERT ON TABLE %I.plans, %I.intake_keys TO %I;', s.name, s.name, $1) FROM s
+         UNION ALL
+         SELECT format('GRANT USAGE, SELECT ON SEQUENCE %s, %s TO %I;',
+                       pg_get_serial_sequence(format('%I.plans', s.name), 'id'),
+                       pg_get_serial_sequence(format('%I.intake_keys', s.name), 'id'), $1) FROM s
+         UNION ALL
+         SELECT format('GRANT EXECUTE ON FUNCTION %s TO %I;', p.oid::regprocedure, $1)
+           FROM s JOIN pg_proc p ON p.pronamespace = to_regnamespace(s.name)
+          WHERE p.proname LIKE 'plan\\_intake\\_%'",
+    )
+    .bind::<Text, _>(role)
+    .load(pg)?;
+    let statements: Vec<String> = statements.into_iter().map(|s| s.sql).collect();
+    if statements.len() < 5 || statements.iter().any(|s| s.contains("ON SEQUENCE  ")) {
+        return Err(StorageError::Config(
+            "the schema is not migrated yet: run `plan-intake migrate run` as its owner first"
+                .to_owned(),
+        ));
+    }
+    Ok(statements)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_tables_are_found_in_down_sql() {
+        let sql = "DROP INDEX x_ix;\nDROP TABLE intake_keys;\ndrop table if exists \"plans\";";
+        assert_eq!(dropped_tables(sql), vec!["intake_keys", "plans"]);
+        assert!(dropped_tables("ALTER TABLE plans DROP COLUMN feed_xid;").is_empty());
+    }
 }

@@ -20,14 +20,19 @@ pub use pool::{
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use diesel::r2d2::ManageConnection;
+use diesel::r2d2::{ManageConnection, R2D2Connection};
+
+use crate::with_conn;
 use group_commit::WriteQueue;
+
+use crate::deadline::Deadline;
 
 /// An opened database: the pool, and what it points at.
 #[derive(Clone)]
 pub struct Database {
     pub pool: DbPool,
     pub backend: Backend,
+    checkout_timeout: std::time::Duration,
     /// Callers inside `conn()` right now (r2d2 does not count its waiters).
     waiting: Arc<AtomicI64>,
     /// SQLite only: this process's writers, committed in groups.
@@ -45,13 +50,15 @@ impl Database {
     ) -> Result<Self, StorageError> {
         let target = DatabaseTarget::parse(url)?;
         let backend = target.backend();
-        let manager = Manager::new(target, options.sqlite_busy_timeout);
-        let mut conn = manager
-            .connect()
-            .map_err(|e| StorageError::Unavailable(format!("cannot connect to {backend}: {e}")))?;
+        let manager = Manager::new(target, options);
+        let mut conn = manager.connect().map_err(|e| {
+            StorageError::unavailable(format!("cannot connect to {backend} at {}", redact(url)), e)
+        })?;
         match migrate {
             MigrateOnOpen::Apply => {
-                migrations::run_pending(&mut conn)?;
+                for name in migrations::run_pending(&mut conn)? {
+                    tracing::info!(migration = %name, "applied migration");
+                }
             }
             MigrateOnOpen::RequireNonePending => {
                 let pending = migrations::pending(&mut conn)?;
@@ -65,35 +72,93 @@ impl Database {
         Ok(Self {
             pool: build_pool(manager, options),
             backend,
+            checkout_timeout: options.checkout_timeout,
             waiting: Arc::default(),
-            writers: Arc::default(),
+            writers: Arc::new(WriteQueue::new(options.sqlite_busy_timeout)),
         })
     }
 
     /// A pooled connection, or `Unavailable` when none frees up within the
     /// checkout timeout. Call only from blocking code (`web::block`).
     pub fn conn(&self) -> Result<PooledConn, StorageError> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let conn = self.pool.get();
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        conn.map_err(|e| StorageError::Unavailable(format!("no database connection: {e}")))
+        self.checkout(self.checkout_timeout)
     }
 
-    /// Writes a plan and its key row, both or neither. Postgres: one
-    /// statement on `conn`. SQLite: through the group-commit queue, which
-    /// hands the write lock on at once and commits many plans with one fsync
-    /// instead of leaving writers to SQLite's busy handler (see
-    /// `group_commit`).
+    /// A pooled connection within the checkout timeout and the deadline.
+    pub fn conn_within(&self, deadline: &Deadline) -> Result<PooledConn, StorageError> {
+        if deadline.passed() {
+            return Err(StorageError::DeadlineExceeded("waiting for a connection"));
+        }
+        self.checkout(self.checkout_timeout.min(deadline.wait_budget()))
+    }
+
+    fn checkout(&self, timeout: std::time::Duration) -> Result<PooledConn, StorageError> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let conn = self.pool.get_timeout(timeout);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        conn.map_err(|e| StorageError::unavailable("no database connection", e))
+    }
+
+    /// Runs a read `step` on a pooled connection and hands the connection
+    /// back with its result. A connection found dead (the server restarted
+    /// since it was pooled) is discarded and the step runs again on another,
+    /// as often as the pool could hold stale ones, within the deadline.
+    pub fn read_on<T>(
+        &self,
+        deadline: &Deadline,
+        mut step: impl FnMut(&mut DbConn) -> diesel::QueryResult<T>,
+    ) -> Result<(T, PooledConn), StorageError> {
+        let mut tries = self.pool.max_size() + 1;
+        loop {
+            let mut conn = self.conn_within(deadline)?;
+            let error = match step(&mut conn) {
+                Ok(value) => return Ok((value, conn)),
+                Err(error) => error,
+            };
+            let broken = with_conn!(&mut *conn, c => c.is_broken());
+            tries -= 1;
+            if !errors::is_connection_lost(&error, broken) || tries == 0 {
+                return Err(error.into());
+            }
+            tracing::info!(%error, "a pooled connection was lost; trying another");
+            drop(conn);
+        }
+    }
+
+    /// [`Database::read_on`], keeping only the result.
+    pub fn read<T>(
+        &self,
+        deadline: &Deadline,
+        step: impl FnMut(&mut DbConn) -> diesel::QueryResult<T>,
+    ) -> Result<T, StorageError> {
+        self.read_on(deadline, step).map(|(value, _)| value)
+    }
+
+    /// Writes a plan and its key row, both or neither, waiting for locks no
+    /// longer than the deadline allows. Postgres: one statement on `conn`.
+    /// SQLite: through the group-commit queue, which hands the write lock on
+    /// at once and commits many plans with one fsync instead of leaving
+    /// writers to SQLite's busy handler (see `group_commit`).
     pub fn write_plan(
         &self,
         conn: &mut DbConn,
         plan: &plans::NewPlan,
         idempotency_key: &str,
+        deadline: &Deadline,
     ) -> Result<plans::PlanRow, plans::WriteFailure> {
         match conn {
-            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key),
-            DbConn::Postgres(_) => plans::insert_plan_with_key(conn, plan, idempotency_key),
+            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key, deadline),
+            DbConn::Postgres(pg) => {
+                plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
+            }
         }
+    }
+
+    /// Makes the next SQLite group-commit batch's leader panic inside its
+    /// transaction: the seam for testing that failure path.
+    #[doc(hidden)]
+    pub fn panic_in_next_batch(&self) {
+        self.writers.panic_in_next_batch();
     }
 
     /// Callers waiting for a connection at this moment.
@@ -102,8 +167,9 @@ impl Database {
     }
 
     /// Ready to serve: the database answers and no migration is pending.
-    pub fn readiness(&self) -> Result<(), StorageError> {
-        let mut conn = self.conn()?;
+    /// Reads only, so a role that may not create anything can ask.
+    pub fn readiness(&self, deadline: &Deadline) -> Result<(), StorageError> {
+        let mut conn = self.conn_within(deadline)?;
         let pending = migrations::pending(&mut conn)?;
         if pending.is_empty() {
             Ok(())

@@ -1,7 +1,5 @@
 //! The `plans` and `intake_keys` tables: the two-row write and its lookups.
 
-use std::cell::Cell;
-
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
@@ -94,16 +92,59 @@ impl NewPlan {
     }
 }
 
-/// A failed two-row write, and whether the statement that commits had been
-/// sent: if so, a lost connection or a cancel leaves the outcome unknown.
+/// A failed two-row write, with what classification needs besides the
+/// error: whether the statement that commits had been sent (a lost
+/// connection then leaves the outcome unknown) and whether the connection
+/// was found dead afterwards.
 #[derive(Debug)]
 pub struct WriteFailure {
     pub error: diesel::result::Error,
     pub commit_sent: bool,
+    pub connection_lost: bool,
+    /// SQLite: the shared batch this write was queued in failed as a whole.
+    pub batch: Option<BatchFailure>,
+}
+
+impl WriteFailure {
+    pub fn new(error: diesel::result::Error, commit_sent: bool) -> Self {
+        Self {
+            error,
+            commit_sent,
+            connection_lost: false,
+            batch: None,
+        }
+    }
+}
+
+/// Why a SQLite group-commit batch answered its writers without writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchFailure {
+    /// The writer leading the batch panicked; its transaction was abandoned.
+    LeaderPanicked,
+    /// The batch's COMMIT failed; SQLite rolled it back, so nothing landed.
+    CommitFailed,
+    /// The request's deadline passed while it was still queued.
+    NotWrittenInTime,
+}
+
+impl BatchFailure {
+    pub const ALL: [BatchFailure; 3] = [
+        BatchFailure::LeaderPanicked,
+        BatchFailure::CommitFailed,
+        BatchFailure::NotWrittenInTime,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchFailure::LeaderPanicked => "leader_panicked",
+            BatchFailure::CommitFailed => "commit_failed",
+            BatchFailure::NotWrittenInTime => "deadline",
+        }
+    }
 }
 
 diesel::define_sql_function! {
-    /// Postgres: the two-row write (migration `…_add_plan_intake_write`).
+    /// Postgres: the two-row write (migration `…_plan_intake_write_timed`).
     /// A function call through the DSL is prepared once per connection.
     #[allow(clippy::too_many_arguments)]
     fn plan_intake_write(
@@ -117,62 +158,48 @@ diesel::define_sql_function! {
         permissions: diesel::sql_types::Text,
         received_at: diesel::sql_types::Timestamp,
         idempotency_key: diesel::sql_types::Text,
+        lock_timeout_ms: diesel::sql_types::Integer,
     ) -> diesel::sql_types::BigInt;
 }
 
-/// Writes the plan row and its key row atomically: both or neither.
-///
-/// Postgres: one statement, `SELECT plan_intake_write(…)`, outside any
-/// explicit transaction: one round trip instead of BEGIN, two INSERTs and
-/// COMMIT; a unique violation on either row fails the whole statement.
-/// SQLite: `BEGIN IMMEDIATE`, two INSERTs, COMMIT;
-/// errors leave the closure untouched, since a violation swallowed inside a
-/// transaction would let COMMIT keep half of it (PITFALLS #1).
-pub fn insert_plan_with_key(
-    conn: &mut DbConn,
+/// Postgres: writes the plan row and its key row atomically with one
+/// statement, `SELECT plan_intake_write(…)`, outside any explicit
+/// transaction: one round trip, both rows or neither, and a unique violation
+/// on either fails the whole call. Its locks wait at most `lock_timeout_ms`.
+pub(super) fn write_postgres(
+    pg: &mut diesel::PgConnection,
     plan: &NewPlan,
     idempotency_key: &str,
+    lock_timeout_ms: u32,
 ) -> Result<PlanRow, WriteFailure> {
-    match conn {
-        DbConn::Postgres(pg) => diesel::select(plan_intake_write(
-            &plan.receipt_id,
-            &plan.maker,
-            &plan.run_id,
-            &plan.content_hash,
-            &plan.request_hash,
-            &plan.content,
-            &plan.approved_inputs,
-            &plan.permissions,
-            plan.received_at,
-            idempotency_key,
-        ))
-        .get_result::<i64>(pg)
-        .map(|plan_id| plan.stored_as(plan_id))
-        // The statement commits itself: once sent, its outcome is
-        // unknown if the connection goes.
-        .map_err(|error| WriteFailure {
-            error,
-            commit_sent: true,
-        }),
-        DbConn::Sqlite(lite) => {
-            // Set as the body's last step: diesel reports a failure during the
-            // body and one during COMMIT with the same error (PITFALLS #2).
-            let body_done = Cell::new(false);
-            lite.immediate_transaction(|c| {
-                let row = insert_both_rows(c, plan, idempotency_key)?;
-                body_done.set(true);
-                Ok(row)
-            })
-            .map_err(|error| WriteFailure {
-                error,
-                commit_sent: body_done.get(),
-            })
-        }
-    }
+    diesel::select(plan_intake_write(
+        &plan.receipt_id,
+        &plan.maker,
+        &plan.run_id,
+        &plan.content_hash,
+        &plan.request_hash,
+        &plan.content,
+        &plan.approved_inputs,
+        &plan.permissions,
+        plan.received_at,
+        idempotency_key,
+        i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX),
+    ))
+    .get_result::<i64>(pg)
+    .map(|plan_id| plan.stored_as(plan_id))
+    .map_err(|error| {
+        let mut failure = WriteFailure::new(error, true);
+        // The statement commits itself: once sent, its outcome is unknown
+        // if the connection goes. libpq reports no transaction status for a
+        // dead connection, which diesel records as a broken manager.
+        failure.connection_lost = diesel::r2d2::R2D2Connection::is_broken(pg);
+        failure
+    })
 }
 
-/// The plan row, then its key row, inside a transaction (or savepoint) the
-/// caller holds. SQLite only; errors go back to the caller untouched.
+/// SQLite: the plan row, then its key row, inside a transaction (or
+/// savepoint) the caller holds. Errors go back to the caller untouched: a
+/// violation swallowed inside a transaction would let COMMIT keep half of it.
 pub(super) fn insert_both_rows(
     c: &mut diesel::SqliteConnection,
     plan: &NewPlan,

@@ -122,16 +122,60 @@ pub struct PoolOptions {
     pub max_size: u32,
     pub checkout_timeout: Duration,
     pub sqlite_busy_timeout: Duration,
+    /// The service's request deadline. Postgres sessions then get a
+    /// `statement_timeout` and `lock_timeout` of this much, so no statement
+    /// outlives a request by more than one deadline even if the service
+    /// stops waiting for it. `None` (the command line tools): no limit.
+    pub request_timeout: Option<Duration>,
 }
+
+pub const DEFAULT_MAX_SIZE: u32 = 8;
+pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for PoolOptions {
     fn default() -> Self {
         Self {
-            max_size: 8,
-            checkout_timeout: Duration::from_secs(2),
-            sqlite_busy_timeout: Duration::from_secs(5),
+            max_size: DEFAULT_MAX_SIZE,
+            checkout_timeout: DEFAULT_CHECKOUT_TIMEOUT,
+            sqlite_busy_timeout: DEFAULT_SQLITE_BUSY_TIMEOUT,
+            request_timeout: None,
         }
     }
+}
+
+/// libpq settings every Postgres connection gets unless its URL sets them:
+/// a connect timeout, and TCP keepalives plus a user timeout so a half-open
+/// connection (a server that vanished, a cut cable) is noticed in seconds
+/// rather than after the kernel's two hours.
+const LIBPQ_DEFAULTS: [(&str, &str); 6] = [
+    ("connect_timeout", "5"),
+    ("keepalives", "1"),
+    ("keepalives_idle", "5"),
+    ("keepalives_interval", "2"),
+    ("keepalives_count", "3"),
+    ("tcp_user_timeout", "10000"),
+];
+
+/// `url` with each of [`LIBPQ_DEFAULTS`] it does not set itself.
+pub fn with_libpq_defaults(url: &str) -> String {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let set: Vec<&str> = query
+        .split('&')
+        .filter_map(|pair| pair.split('=').next())
+        .collect();
+    let mut out = url.to_owned();
+    let mut separator = if url.contains('?') { '&' } else { '?' };
+    for (name, value) in LIBPQ_DEFAULTS {
+        if !set.contains(&name) {
+            out.push(separator);
+            out.push_str(name);
+            out.push('=');
+            out.push_str(value);
+            separator = '&';
+        }
+    }
+    out
 }
 
 /// Opens connections for the pool; SQLite pragmas are set on every new
@@ -140,13 +184,15 @@ impl Default for PoolOptions {
 pub struct Manager {
     target: DatabaseTarget,
     sqlite_busy_timeout: Duration,
+    request_timeout: Option<Duration>,
 }
 
 impl Manager {
-    pub fn new(target: DatabaseTarget, sqlite_busy_timeout: Duration) -> Self {
+    pub fn new(target: DatabaseTarget, options: &PoolOptions) -> Self {
         Self {
             target,
-            sqlite_busy_timeout,
+            sqlite_busy_timeout: options.sqlite_busy_timeout,
+            request_timeout: options.request_timeout,
         }
     }
 
@@ -161,9 +207,18 @@ impl ManageConnection for Manager {
 
     fn connect(&self) -> Result<DbConn, r2d2::Error> {
         match &self.target {
-            DatabaseTarget::Postgres(url) => PgConnection::establish(url)
-                .map(DbConn::Postgres)
-                .map_err(r2d2::Error::ConnectionError),
+            DatabaseTarget::Postgres(url) => {
+                let mut conn = PgConnection::establish(&with_libpq_defaults(url))
+                    .map_err(r2d2::Error::ConnectionError)?;
+                if let Some(limit) = self.request_timeout {
+                    let ms = limit.as_millis().max(1);
+                    conn.batch_execute(&format!(
+                        "SET statement_timeout = {ms}; SET lock_timeout = {ms};"
+                    ))
+                    .map_err(r2d2::Error::QueryError)?;
+                }
+                Ok(DbConn::Postgres(conn))
+            }
             DatabaseTarget::Sqlite(path) => {
                 let mut conn =
                     SqliteConnection::establish(path).map_err(r2d2::Error::ConnectionError)?;
@@ -220,10 +275,7 @@ fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> diesel::QueryR
                 }
             });
         match attempt {
-            Err(e)
-                if e.to_string().contains("database is locked")
-                    && std::time::Instant::now() < deadline =>
-            {
+            Err(e) if super::errors::is_busy(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(5));
             }
             other => return other,

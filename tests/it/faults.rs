@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix_web::http::StatusCode;
 use actix_web::web;
 use diesel::connection::SimpleConnection;
-use diesel::{Connection, PgConnection, SqliteConnection};
+use diesel::{Connection, SqliteConnection};
 use plan_intake::intake::{Intake, Permission, RetryPolicy};
 use plan_intake::metrics::{Metrics, UnknownCommitBranch};
 use plan_intake::storage::PoolOptions;
@@ -113,10 +113,20 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
         let competitor = competing_plan("planner-a", &other_body);
         let competitor_receipt = competitor.receipt_id.clone();
         let hook = Box::new(move || {
-            let mut conn = plan_intake::storage::DbConn::Postgres(
-                PgConnection::establish(&direct_url).expect("connect"),
-            );
-            plan_intake::storage::plans::insert_plan_with_key(&mut conn, &competitor, "k")
+            let other = plan_intake::storage::Database::open(
+                &direct_url,
+                &PoolOptions::default(),
+                plan_intake::storage::MigrateOnOpen::Skip,
+            )
+            .expect("open");
+            let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
+            other
+                .write_plan(
+                    &mut other.conn().expect("conn"),
+                    &competitor,
+                    "k",
+                    &deadline,
+                )
                 .expect("the other attempt commits");
         });
         proxy.arm(Fault::CutBeforeCommit, false, Some(hook));

@@ -175,7 +175,7 @@ async fn tokens_are_random_hashed_and_scoped(db: TestDb) {
     let last = if near.ends_with('0') { "1" } else { "0" };
     near.replace_range(near.len() - 1.., last);
     assert_eq!(
-        plan_intake::logins::authenticate(&mut conn, &near).expect("lookup"),
+        plan_intake::logins::login_for_token(&app.direct, &near).expect("lookup"),
         None
     );
 

@@ -299,7 +299,8 @@ async fn a_key_conflict_leaves_no_plan_row_behind(db: TestDb) {
             received_at: row.received_at,
         })
         .expect("first plan");
-    let result = plan_intake::storage::plans::insert_plan_with_key(&mut conn, &plan, "key-1");
+    let deadline = plan_intake::deadline::Deadline::after(std::time::Duration::from_secs(10));
+    let result = app.direct.write_plan(&mut conn, &plan, "key-1", &deadline);
     assert!(
         matches!(&result, Err(f) if plan_intake::storage::errors::is_unique_violation(&f.error)),
         "the key conflict must leave the transaction as an error, got {result:?}"

@@ -98,7 +98,7 @@ async fn schema_rs_matches_a_fresh_database(db: TestDb) {
     let app = TestApp::new(db);
     let mut conn = app.conn();
     let declared = declared_columns();
-    assert_eq!(declared.len(), 5 + 11 + 6, "schema.rs parsed: {declared:?}");
+    assert_eq!(declared.len(), 7 + 11 + 6, "schema.rs parsed: {declared:?}");
     let mut live = Vec::new();
     for table in TABLES {
         live.extend(live_columns(&mut conn, table));
@@ -226,13 +226,16 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
 
 /// Every migration ever added, in the order it was added. Append only: a
 /// new migration is added here last and must also sort last.
-const MIGRATION_HISTORY: [&str; 5] = [
+pub const MIGRATION_HISTORY: [&str; 7] = [
     "2026-11-30-000001_create_logins",
     "2026-11-30-000002_create_plans",
     "2026-11-30-000003_create_intake_keys",
     "2026-11-30-000004_add_plans_feed_position",
     "2026-11-30-000005_add_plan_intake_write",
+    "2026-11-30-000006_plan_intake_write_timed",
+    "2026-11-30-000007_add_logins_previous_token",
 ];
+pub const LAST_MIGRATION: &str = MIGRATION_HISTORY[MIGRATION_HISTORY.len() - 1];
 
 /// Lexical order must be creation order (diesel sorts versions as strings,
 /// and silently runs a late-added migration with an older date), and both

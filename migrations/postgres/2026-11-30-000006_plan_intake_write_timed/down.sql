@@ -1,0 +1,28 @@
+DROP FUNCTION plan_intake_write(TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TIMESTAMP, TEXT, INTEGER);
+CREATE FUNCTION plan_intake_write(
+    p_receipt_id      TEXT,
+    p_maker           TEXT,
+    p_run_id          TEXT,
+    p_content_hash    TEXT,
+    p_request_hash    TEXT,
+    p_content         TEXT,
+    p_approved_inputs TEXT,
+    p_permissions     TEXT,
+    p_received_at     TIMESTAMP,
+    p_idempotency_key TEXT
+) RETURNS BIGINT
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    new_plan_id BIGINT;
+BEGIN
+    INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                       approved_inputs, permissions, received_at)
+    VALUES (p_receipt_id, p_maker, p_run_id, p_content_hash, p_request_hash, p_content,
+            p_approved_inputs, p_permissions, p_received_at)
+    RETURNING id INTO new_plan_id;
+    INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+    VALUES (p_maker, p_idempotency_key, p_request_hash, new_plan_id, p_received_at);
+    RETURN new_plan_id;
+END
+$$;

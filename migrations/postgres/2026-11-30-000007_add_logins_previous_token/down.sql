@@ -1,0 +1,4 @@
+DROP INDEX logins_previous_token_hash_uq;
+ALTER TABLE logins
+    DROP COLUMN previous_token_expires_at,
+    DROP COLUMN previous_token_hash;
