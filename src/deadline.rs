@@ -29,6 +29,13 @@ impl Deadline {
         self.remaining().is_zero()
     }
 
+    /// Too little left to start another wait: what is left is the reserve
+    /// kept for answering. A lock or busy wait that ran to its budget ends
+    /// here, so its failure is the deadline's, not a reason to retry.
+    pub fn nearly_passed(&self) -> bool {
+        self.remaining() <= ANSWER_RESERVE
+    }
+
     /// How long one database wait (a lock, a busy handler, a checkout) may
     /// last: the time left less a reserve for answering.
     pub fn wait_budget(&self) -> Duration {

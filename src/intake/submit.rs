@@ -231,7 +231,7 @@ impl Intake {
             });
         }
         let delay = self.retry.delay(attempt, &mut rand::rng());
-        if delay >= deadline.remaining() {
+        if deadline.nearly_passed() || delay >= deadline.remaining() {
             tracing::warn!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), %error, "no time left to retry");
             return Err(StorageError::DeadlineExceeded("retrying the write").into());
         }

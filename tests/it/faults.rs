@@ -326,51 +326,6 @@ async fn a_real_deadlock_is_retried_and_counted() {
     assert_eq!(app.count("plans"), 1);
 }
 
-/// A lock held past the whole retry budget: each attempt times out, is
-/// retried and counted; then 503, and nothing is written.
-#[actix_web::test]
-async fn a_lock_that_outlives_the_retry_budget_answers_503_and_writes_nothing() {
-    let Some(scratch) = TestDb::postgres() else {
-        return;
-    };
-    let direct_url = scratch.url.clone();
-    let url = scratch.postgres_url_with(&[("lock_timeout", "100")]);
-    let retry = RetryPolicy {
-        max_attempts: 3,
-        base_delay: Duration::from_millis(1),
-        max_delay: Duration::from_millis(5),
-    };
-    let app = TestApp::with(
-        scratch,
-        AppOptions {
-            url: Some(url),
-            retry,
-            ..AppOptions::default()
-        },
-    );
-    let token = app.login("planner-a", PLANNER);
-    let service = app.service().await;
-    let body = plan_body("run-1", "x");
-
-    let mut blocker = hold_plan_and_key(&direct_url, "", "rcpt_blocker", "blocker-run", "k");
-
-    let answer = send(&service, post_plan(&token, "k", &body)).await;
-    assert_eq!(
-        answer.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{:?}",
-        answer.body
-    );
-    assert!(answer.header("retry-after").is_some());
-    assert_eq!(app.metrics().retry_count("lock_timeout"), 2);
-    assert_eq!(app.metrics().outcome_count("unavailable"), 1);
-    blocker.batch_execute("ROLLBACK").expect("rollback");
-    app.assert_rows(0, 0);
-
-    let later = send(&service, post_plan(&token, "k", &body)).await;
-    assert_eq!(later.status, StatusCode::CREATED);
-}
-
 /// A second connection holds SQLite's write lock: `BEGIN IMMEDIATE` meets
 /// SQLITE_BUSY after the busy timeout, and the write is retried.
 #[actix_web::test]
@@ -388,7 +343,7 @@ async fn sqlite_busy_is_retried_and_counted_then_503_when_the_lock_outlives_the_
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),
         },
-        url: None,
+        ..AppOptions::default()
     };
     let app = TestApp::with(scratch, options);
     let token = app.login("planner-a", PLANNER);

@@ -4,6 +4,7 @@
 mod access;
 mod cli;
 mod dba;
+mod deadline;
 mod faults;
 mod feed;
 mod hostile;

@@ -5,6 +5,7 @@ pub mod process;
 pub mod proxy;
 
 use std::sync::OnceLock;
+use std::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use actix_web::body::BoxBody;
@@ -157,6 +158,8 @@ pub struct AppOptions {
     pub retry: RetryPolicy,
     /// Another URL for the same scratch database (a fault proxy, extra settings).
     pub url: Option<String>,
+    /// The service's request deadline (and its Postgres sessions' timeouts).
+    pub request_timeout: Duration,
 }
 
 impl Default for AppOptions {
@@ -168,6 +171,7 @@ impl Default for AppOptions {
             },
             retry: RetryPolicy::default(),
             url: None,
+            request_timeout: plan_intake::config::DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -198,6 +202,7 @@ pub struct TestApp {
     pub direct: Database,
     /// The service's write path, over `AppOptions::url` when one is given.
     pub intake: Intake,
+    pub http: HttpConfig,
     /// Held so the scratch database is removed only after the app is done with it.
     _scratch: TestDb,
 }
@@ -209,14 +214,19 @@ impl TestApp {
 
     pub fn with(scratch: TestDb, options: AppOptions) -> Self {
         let direct = scratch.open();
-        let service_db = match &options.url {
-            Some(url) => Database::open(url, &options.pool, MigrateOnOpen::Skip)
-                .expect("open the service's database"),
-            None => Database::open(&scratch.url, &options.pool, MigrateOnOpen::Skip)
-                .expect("open the service's database"),
+        let pool = PoolOptions {
+            request_timeout: Some(options.request_timeout),
+            ..options.pool
         };
+        let url = options.url.as_deref().unwrap_or(&scratch.url);
+        let service_db =
+            Database::open(url, &pool, MigrateOnOpen::Skip).expect("open the service's database");
         Self {
             intake: Intake::new(service_db, options.retry, Metrics::new()),
+            http: HttpConfig {
+                request_timeout: options.request_timeout,
+                ..HttpConfig::default()
+            },
             direct,
             _scratch: scratch,
         }
@@ -241,7 +251,7 @@ impl TestApp {
     {
         let state = AppState {
             intake,
-            http: HttpConfig::default(),
+            http: self.http.clone(),
         };
         test::init_service(http::app(state)).await
     }

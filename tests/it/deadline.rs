@@ -1,0 +1,129 @@
+//! Every request is answered within its deadline: a real lock held by
+//! another session for longer than the deadline gives every waiting request
+//! a 503 + `Retry-After` in time, frees its connection, writes nothing; the
+//! same keys land exactly once after the lock is gone. Health and metrics
+//! keep answering meanwhile.
+
+use std::time::{Duration, Instant};
+
+use actix_web::http::StatusCode;
+use actix_web::test::TestRequest;
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection, SqliteConnection};
+use plan_intake::intake::Permission;
+use plan_intake::storage::Backend;
+
+use crate::on_both_backends;
+use crate::support::{AppOptions, TestApp, TestDb, plan_body, post_plan, send};
+
+on_both_backends!(a_lock_held_past_the_deadline_answers_503_in_time_then_each_key_lands_once);
+
+const DEADLINE: Duration = Duration::from_millis(1500);
+/// What "within the deadline" allows for scheduling on a loaded 2-core machine.
+const MARGIN: Duration = Duration::from_millis(500);
+const WRITERS: usize = 6;
+
+/// Another session holding the write lock (Postgres: `LOCK TABLE plans` as a
+/// DBA would; SQLite: `BEGIN IMMEDIATE` on its own connection).
+enum Holder {
+    Postgres(PgConnection),
+    Sqlite(SqliteConnection),
+}
+
+impl Holder {
+    fn take(backend: Backend, url: &str) -> Self {
+        match backend {
+            Backend::Postgres => {
+                let mut session = PgConnection::establish(url).expect("connect");
+                session
+                    .batch_execute("BEGIN; LOCK TABLE plans IN ACCESS EXCLUSIVE MODE;")
+                    .expect("lock plans");
+                Holder::Postgres(session)
+            }
+            Backend::Sqlite => {
+                let path = url.trim_start_matches("sqlite://");
+                let mut session = SqliteConnection::establish(path).expect("open");
+                session
+                    .batch_execute("BEGIN IMMEDIATE")
+                    .expect("take the write lock");
+                Holder::Sqlite(session)
+            }
+        }
+    }
+
+    fn release(self) {
+        match self {
+            Holder::Postgres(mut c) => c.batch_execute("ROLLBACK"),
+            Holder::Sqlite(mut c) => c.batch_execute("ROLLBACK"),
+        }
+        .expect("release the lock");
+    }
+}
+
+async fn a_lock_held_past_the_deadline_answers_503_in_time_then_each_key_lands_once(db: TestDb) {
+    let (backend, url) = (db.backend, db.url.clone());
+    let app = TestApp::with(
+        db,
+        AppOptions {
+            request_timeout: DEADLINE,
+            ..AppOptions::default()
+        },
+    );
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let holder = Holder::take(backend, &url);
+
+    let timed = |i: usize| {
+        let service = &service;
+        let token = &token;
+        async move {
+            let started = Instant::now();
+            let body = plan_body(&format!("run-{i}"), "x");
+            let answer = send(service, post_plan(token, &format!("k{i}"), &body)).await;
+            (answer, started.elapsed())
+        }
+    };
+    let health = async {
+        // While every writer waits: the process answers for itself.
+        let healthz = send(&service, TestRequest::get().uri("/healthz")).await;
+        let metrics = send(&service, TestRequest::get().uri("/metrics")).await;
+        (healthz.status, metrics.status)
+    };
+    let (answers, health) = futures_util::join!(
+        futures_util::future::join_all((0..WRITERS).map(timed)),
+        health
+    );
+    assert_eq!(health, (StatusCode::OK, StatusCode::OK));
+    for (answer, took) in &answers {
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{:?}",
+            answer.body
+        );
+        assert!(answer.header("retry-after").is_some());
+        assert!(
+            *took <= DEADLINE + MARGIN,
+            "answered after {took:?}, deadline {DEADLINE:?}"
+        );
+    }
+    assert_eq!(
+        app.metrics().timeout_count("/v1/plans"),
+        WRITERS as u64,
+        "every late answer is counted as a timeout"
+    );
+    // The waiting work gave its connections back (nothing waits in the pool).
+    let pool = app.intake.db.pool.state();
+    assert_eq!(pool.connections, pool.idle_connections, "{pool:?}");
+    holder.release();
+    app.assert_rows(0, 0);
+
+    for i in 0..WRITERS {
+        let body = plan_body(&format!("run-{i}"), "x");
+        let first = send(&service, post_plan(&token, &format!("k{i}"), &body)).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        let again = send(&service, post_plan(&token, &format!("k{i}"), &body)).await;
+        assert_eq!(again.status, StatusCode::OK);
+    }
+    app.assert_rows(WRITERS as i64, WRITERS as i64);
+}
