@@ -143,7 +143,7 @@ pub fn classify(error: &DieselError, commit_sent: bool, connection_lost: bool) -
                 FailureClass::Transient(TransientCause::SerializationFailure)
             }
             Kind::CheckViolation => FailureClass::Refused,
-            Kind::ClosedConnection => lost,
+            Kind::ClosedConnection | Kind::UnableToSendCommand => lost,
             _ if connection_lost => lost,
             _ if is_sqlite_busy(info.message()) => {
                 FailureClass::Transient(TransientCause::SqliteBusy)
@@ -212,8 +212,10 @@ pub fn is_connection_lost(error: &DieselError, connection_broken: bool) -> bool 
     connection_broken
         || matches!(
             error,
-            DieselError::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-                | DieselError::BrokenTransactionManager
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+                _
+            ) | DieselError::BrokenTransactionManager
         )
 }
 

@@ -115,7 +115,7 @@ impl Database {
                 Ok(value) => return Ok((value, conn)),
                 Err(error) => error,
             };
-            let broken = with_conn!(&mut *conn, c => c.is_broken());
+            let broken = !is_alive(&mut conn);
             tries -= 1;
             if !errors::is_connection_lost(&error, broken) || tries == 0 {
                 return Err(error.into());
@@ -177,6 +177,13 @@ impl Database {
             Err(StorageError::PendingMigrations(pending))
         }
     }
+}
+
+/// Whether `conn` still reaches its server, asked after a failure: by the
+/// state diesel recorded, else by one round trip. Language-independent,
+/// unlike the text of the error that came before.
+pub fn is_alive(conn: &mut DbConn) -> bool {
+    with_conn!(conn, c => !c.is_broken() && c.ping().is_ok())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -190,9 +190,16 @@ pub(super) fn write_postgres(
     .map_err(|error| {
         let mut failure = WriteFailure::new(error, true);
         // The statement commits itself: once sent, its outcome is unknown
-        // if the connection goes. libpq reports no transaction status for a
-        // dead connection, which diesel records as a broken manager.
-        failure.connection_lost = diesel::r2d2::R2D2Connection::is_broken(pg);
+        // if the connection goes. Whether it went is asked of the connection,
+        // only when the error itself does not say (no kind, no SQLSTATE mark).
+        let unexplained = matches!(
+            &failure.error,
+            diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
+        ) && super::errors::marked_sqlstate(&failure.error).is_none();
+        if unexplained {
+            use diesel::r2d2::R2D2Connection;
+            failure.connection_lost = pg.is_broken() || pg.ping().is_err();
+        }
         failure
     })
 }

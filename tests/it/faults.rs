@@ -394,3 +394,254 @@ async fn sqlite_busy_is_retried_and_counted_then_503_when_the_lock_outlives_the_
     assert!(metrics.retry_count("sqlite_busy") >= 1);
     assert_eq!(app.count("plans"), 1);
 }
+
+/// CI runs the suite against a server whose `lc_messages` is German
+/// (`.ci/run` sets it on the test database); every class above and below is
+/// then decided with German messages.
+#[actix_web::test]
+async fn the_server_answers_in_the_configured_language() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let Ok(expected) = std::env::var("PLAN_INTAKE_TEST_LC_MESSAGES") else {
+        return;
+    };
+    let app = TestApp::new(scratch);
+    let mut conn = app.conn();
+    let failed = plan_intake::with_conn!(&mut *conn, c => c.batch_execute("SELECT 1/0"))
+        .expect_err("division by zero");
+    let message = failed.to_string();
+    assert!(
+        !message.contains("division by zero"),
+        "the server answers in English, not {expected}: {message}"
+    );
+}
+
+/// Runs `sql` (a DBA's trigger or rule) in the scratch schema.
+fn install(app: &TestApp, sql: &str) {
+    crate::support::execute_batch(&mut app.conn(), sql);
+}
+
+/// The first insert into `plans` fails with `40001` raised by a trigger, as
+/// a serializable DBA job or a replica conflict would: retried, then 201.
+#[actix_web::test]
+async fn a_serialization_failure_is_retried_and_counted() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let app = TestApp::new(scratch);
+    install(
+        &app,
+        "CREATE SEQUENCE fail_once_seq;
+         CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('fail_once_seq') = 1 THEN
+                 RAISE EXCEPTION 'serialisierung' USING ERRCODE = '40001';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER fail_once BEFORE INSERT ON plans FOR EACH ROW EXECUTE FUNCTION fail_once();",
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert_eq!(app.metrics().retry_count("serialization_failure"), 1);
+    app.assert_rows(1, 1);
+}
+
+/// A CHECK rule a DBA added refuses the plan: the request itself is refused
+/// (422 naming the rule), never retried, nothing written.
+#[actix_web::test]
+async fn a_check_rule_of_the_table_refuses_the_request_with_422() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let app = TestApp::new(scratch);
+    install(
+        &app,
+        "ALTER TABLE plans ADD CONSTRAINT plans_run_id_short_ck CHECK (length(run_id) < 10)",
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let answer = send(
+        &service,
+        post_plan(&token, "k", &plan_body("a-very-long-run-id", "x")),
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        answer.body
+    );
+    assert!(
+        answer.body["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/refused-by-database")),
+        "{:?}",
+        answer.body
+    );
+    assert!(
+        answer.body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("plans_run_id_short_ck")),
+        "{:?}",
+        answer.body
+    );
+    for cause in plan_intake::storage::errors::TransientCause::ALL {
+        assert_eq!(app.metrics().retry_count(cause.as_str()), 0);
+    }
+    assert_eq!(app.metrics().outcome_count("refused"), 1);
+    app.assert_rows(0, 0);
+}
+
+/// A trigger sleeps in the first write; the statement is cancelled (57014)
+/// while it runs: the function's work rolled back, so the write is retried.
+#[actix_web::test]
+async fn a_statement_cancelled_while_writing_is_retried() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let schema = scratch.schema.clone().unwrap_or_default();
+    let url = scratch.postgres_url_with(&[]);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(url),
+            ..AppOptions::default()
+        },
+    );
+    install(
+        &app,
+        "CREATE SEQUENCE slow_once_seq;
+         CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('slow_once_seq') = 1 THEN PERFORM pg_sleep(60); END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow_once BEFORE INSERT ON plans FOR EACH ROW EXECUTE FUNCTION slow_once();",
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let sleeping = format!(
+        "SELECT COUNT(pg_cancel_backend(pid)) AS n FROM pg_stat_activity
+          WHERE application_name = '{schema}' AND wait_event = 'PgSleep'"
+    );
+    let cancel = async {
+        wait_until("the write sleeps in its trigger", || {
+            scalar(&mut app.conn(), &sleeping) == 1
+        })
+        .await;
+    };
+    let (answer, ()) = futures_util::join!(
+        send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))),
+        cancel
+    );
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    assert_eq!(app.metrics().retry_count("statement_cancelled"), 1);
+    app.assert_rows(1, 1);
+}
+
+/// A write that runs past the deadline is ended by the session's
+/// `statement_timeout` (derived from the deadline): 503 in time, counted as a
+/// timeout, nothing written.
+#[actix_web::test]
+async fn a_statement_past_the_deadline_is_ended_by_the_server_and_answered_503() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let deadline = Duration::from_millis(1000);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            request_timeout: deadline,
+            ..AppOptions::default()
+        },
+    );
+    install(
+        &app,
+        "CREATE FUNCTION slow_always() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$;
+         CREATE TRIGGER slow_always BEFORE INSERT ON plans FOR EACH ROW EXECUTE FUNCTION slow_always();",
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let started = std::time::Instant::now();
+    let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        answer.body
+    );
+    assert!(answer.header("retry-after").is_some());
+    assert!(started.elapsed() < deadline + Duration::from_millis(500));
+    assert_eq!(app.metrics().timeout_count("/v1/plans"), 1);
+    // The server ended the statement: no session of the service still sleeps.
+    let direct = &app.direct;
+    wait_until("the server cancels the sleeping write", || {
+        scalar(
+            &mut direct.conn().expect("conn"),
+            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%plan_intake_write%'",
+        ) == 0
+    })
+    .await;
+    app.assert_rows(0, 0);
+}
+
+/// Every pooled connection is terminated by the server (as a restart or a
+/// DBA's `pg_terminate_backend` would) between two requests: the next
+/// request's login lookup meets a dead connection, which is discarded, and
+/// the step is made again on a fresh one.
+#[actix_web::test]
+async fn connections_the_server_closed_are_replaced_without_a_failed_request() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let schema = scratch.schema.clone().unwrap_or_default();
+    let url = scratch.postgres_url_with(&[]);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(url),
+            ..AppOptions::default()
+        },
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    // Fill the pool with several open connections.
+    let answers = futures_util::future::join_all((0..4).map(|i| {
+        send(
+            &service,
+            post_plan(
+                &token,
+                &format!("warm-{i}"),
+                &plan_body(&format!("warm-{i}"), "x"),
+            ),
+        )
+    }))
+    .await;
+    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED));
+    let terminated = scalar(
+        &mut app.conn(),
+        &format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE application_name = '{schema}'"
+        ),
+    );
+    assert!(terminated >= 1, "no pooled connection to terminate");
+
+    let answer = send(&service, post_plan(&token, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    let receipt = answer.body["receipt_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let read = send(
+        &service,
+        crate::support::get(&token, &format!("/v1/receipts/{receipt}")),
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK);
+    app.assert_rows(5, 5);
+}

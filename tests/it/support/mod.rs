@@ -5,8 +5,8 @@ pub mod process;
 pub mod proxy;
 
 use std::sync::OnceLock;
-use std::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use actix_web::body::BoxBody;
 use actix_web::dev::{Service, ServiceResponse};
