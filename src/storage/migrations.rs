@@ -393,7 +393,8 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
                        pg_get_serial_sequence(format('%I.plans', s.name), 'id'),
                        pg_get_serial_sequence(format('%I.intake_keys', s.name), 'id'), $1) FROM s
          UNION ALL
-         SELECT format('GRANT EXECUTE ON FUNCTION %s TO %I;', p.oid::regprocedure, $1)
+         SELECT format('GRANT EXECUTE ON FUNCTION %I.%I(%s) TO %I;', s.name, p.proname,
+                       pg_get_function_identity_arguments(p.oid), $1)
            FROM s JOIN pg_proc p ON p.pronamespace = to_regnamespace(s.name)
           WHERE p.proname LIKE 'plan\\_intake\\_%'",
     )

@@ -10,6 +10,7 @@ mod feed;
 mod hostile;
 mod intake;
 mod operations;
+mod privilege;
 mod processes;
 mod schema;
 mod support;

@@ -12,9 +12,14 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
 
 /// Runs `plan-intake ARGS…` to completion against a scratch database.
 pub fn run_cli(db: &super::TestDb, args: &[&str]) -> std::process::Output {
+    run_cli_at(&db.url, args)
+}
+
+/// Runs `plan-intake ARGS…` to completion against `url`.
+pub fn run_cli_at(url: &str, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
-        .env("DATABASE_URL", &db.url)
+        .env("DATABASE_URL", url)
         .env("PLAN_INTAKE_LOG", "warn")
         .output()
         .expect("run plan-intake")
@@ -132,4 +137,24 @@ pub fn post_plan(
     let text = response.into_string().map_err(|e| e.to_string())?;
     let body = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
     Ok((status, body))
+}
+
+/// GETs `path`; the status and the body parsed as JSON (Null when not JSON).
+pub fn get(agent: &ureq::Agent, addr: &str, token: &str, path: &str) -> (u16, Value) {
+    let response = match agent
+        .get(&format!("http://{addr}{path}"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .call()
+    {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("GET {path}: {e}"),
+    };
+    let status = response.status();
+    let body = response
+        .into_string()
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(Value::Null);
+    (status, body)
 }

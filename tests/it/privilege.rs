@@ -1,0 +1,143 @@
+//! Least privilege: migrations and logins by the owner, the service as a
+//! role holding only what `plan-intake migrate grants ROLE` prints, with
+//! `PUBLIC`'s CREATE on the schema revoked. Everything the running service
+//! does works; whatever would change the schema or the logins is refused in
+//! one clear line.
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection};
+
+use crate::support::process::{ServeProcess, client, get, post_plan, run_cli, run_cli_at};
+use crate::support::{TestDb, plan_body, postgres_base_url};
+
+/// A login role of the cluster, dropped (after the scratch schema that held
+/// its grants) when the test ends.
+struct Role(String);
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = PgConnection::establish(&postgres_base_url()) {
+            let _ = admin.batch_execute(&format!(
+                "DROP OWNED BY {0}; DROP ROLE IF EXISTS {0}",
+                self.0
+            ));
+        }
+    }
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).trim().to_owned()
+}
+
+#[test]
+fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
+    let role = Role(format!("pi_service_{:08x}", rand::random::<u32>()));
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    let schema = db.schema.clone().expect("schema");
+    drop(db.open()); // the owner migrates
+    let mut admin = PgConnection::establish(&postgres_base_url()).expect("connect");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {0} LOGIN; REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC;",
+            role.0
+        ))
+        .expect("create the service role");
+
+    let grants = run_cli(&db, &["migrate", "grants", &role.0]);
+    assert!(grants.status.success(), "{}", stderr(&grants));
+    let statements = stdout(&grants);
+    assert!(
+        !statements.contains("ALL") && !statements.contains("UPDATE"),
+        "{statements}"
+    );
+    admin
+        .batch_execute(&statements)
+        .expect("the printed grants apply");
+
+    let planner = run_cli(
+        &db,
+        &["logins", "add", "planner-a", "--permission", "plans:submit"],
+    );
+    let orders = run_cli(
+        &db,
+        &["logins", "add", "orders", "--permission", "receipts:read"],
+    );
+    let (planner, orders) = (stdout(&planner), stdout(&orders));
+
+    let as_service = db.url.replacen("postgres@", &format!("{}@", role.0), 1);
+    assert_ne!(as_service, db.url);
+    let service = ServeProcess::start_with(&as_service, &["--no-migrate"]);
+    let agent = client();
+    let addr = &service.addr;
+    assert_eq!(get(&agent, addr, "", "/readyz").0, 200);
+    let body = plan_body("run-1", "x");
+    let (created, receipt) = post_plan(&agent, addr, &planner, "k1", &body).expect("answer");
+    assert_eq!(created, 201, "{receipt}");
+    let (replayed, again) = post_plan(&agent, addr, &planner, "k1", &body).expect("answer");
+    assert_eq!(
+        (replayed, &again["receipt_id"]),
+        (200, &receipt["receipt_id"])
+    );
+    let id = receipt["receipt_id"].as_str().unwrap_or_default();
+    assert_eq!(
+        get(&agent, addr, &planner, &format!("/v1/receipts/{id}")).0,
+        200
+    );
+    assert_eq!(
+        get(&agent, addr, &orders, &format!("/v1/plans/{id}")).0,
+        200
+    );
+    let (status, page) = get(&agent, addr, &orders, "/v1/receipts");
+    assert_eq!(status, 200);
+    assert_eq!(page["receipts"].as_array().map(Vec::len), Some(1));
+
+    // Read-only commands work as the role; changing ones are refused clearly.
+    let status = run_cli_at(&as_service, &["migrate", "status"]);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let verify_free = run_cli_at(&as_service, &["migrate", "run"]);
+    assert!(
+        verify_free.status.success(),
+        "nothing pending: {}",
+        stderr(&verify_free)
+    );
+    for args in [
+        &["logins", "add", "x", "--permission", "plans:submit"][..],
+        &["logins", "revoke", "planner-a"][..],
+        &["logins", "rotate", "planner-a"][..],
+    ] {
+        let refused = run_cli_at(&as_service, args);
+        assert!(
+            !refused.status.success(),
+            "{args:?} succeeded as the service role"
+        );
+        let line = stderr(&refused);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains("needs the owner"), "{line}");
+    }
+
+    let revert = run_cli(&db, &["migrate", "revert"]);
+    assert!(revert.status.success(), "{}", stderr(&revert));
+    let refused = run_cli_at(&as_service, &["migrate", "run"]);
+    assert!(!refused.status.success());
+    let line = stderr(&refused);
+    assert!(
+        line.contains("needs the owner") && line.lines().count() == 1,
+        "{line}"
+    );
+    let not_ready = run_cli_at(
+        &as_service,
+        &["serve", "--no-migrate", "--bind", "127.0.0.1:0"],
+    );
+    assert!(
+        stderr(&not_ready).contains("pending"),
+        "{}",
+        stderr(&not_ready)
+    );
+    drop(service);
+}
