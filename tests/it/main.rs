@@ -3,6 +3,7 @@
 
 mod access;
 mod cli;
+mod crash;
 mod dba;
 mod deadline;
 mod faults;

@@ -1,6 +1,7 @@
 //! Real-database fixtures. Every test gets its own SQLite file or its own
 //! Postgres schema, built by the real migrations and removed on drop.
 
+pub mod cluster;
 pub mod process;
 pub mod proxy;
 

@@ -1,0 +1,91 @@
+//! A Postgres cluster of a test's own (`pg_createcluster`), for what must
+//! not touch the shared server: crashing it, restoring a dump into it.
+//! Trust auth on 127.0.0.1; stopped and dropped when the value is dropped.
+
+use std::process::Command;
+
+pub struct TempCluster {
+    version: String,
+    name: String,
+    pub port: u16,
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl TempCluster {
+    /// A new running cluster, or `None` (after a loud note) where this
+    /// machine cannot make one and Postgres is not required.
+    pub fn create() -> Option<Self> {
+        match Self::try_create() {
+            Ok(cluster) => Some(cluster),
+            Err(e) if std::env::var_os(super::REQUIRE_POSTGRES_VAR).is_some() => {
+                panic!("cannot create a Postgres cluster for this test: {e}")
+            }
+            Err(e) => {
+                eprintln!("SKIPPING a test that needs its own Postgres cluster: {e}");
+                None
+            }
+        }
+    }
+
+    fn try_create() -> Result<Self, String> {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .map_err(|e| format!("no /etc/postgresql: {e}"))?
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .max()
+            .ok_or("no Postgres version installed")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let name = format!("pi_{}_{:06x}", std::process::id(), rand::random::<u32>() & 0xff_ffff);
+        let port_text = port.to_string();
+        run(
+            "pg_createcluster",
+            &[
+                &version, &name, "-p", &port_text, "--start", "--", "--auth-host=trust",
+                "--auth-local=trust",
+            ],
+        )?;
+        Ok(Self {
+            version,
+            name,
+            port,
+        })
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Crashes the server (`restart -m immediate`: no checkpoint, every
+    /// session cut) and waits until it accepts connections again.
+    pub fn restart_immediate(&self) {
+        run(
+            "pg_ctlcluster",
+            &["--skip-systemctl-redirect", &self.version, &self.name, "restart", "-m", "immediate"],
+        )
+        .expect("restart the cluster");
+    }
+}
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        if let Err(e) = run("pg_dropcluster", &["--stop", &self.version, &self.name]) {
+            eprintln!("could not drop the test cluster {}: {e}", self.name);
+        }
+    }
+}
