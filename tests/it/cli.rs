@@ -103,7 +103,77 @@ fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
     );
 }
 
+/// A token rotates without changing the login: the old one works through
+/// its grace period, a zero grace ends it at once, a revoke ends both, and
+/// rotating a revoked login brings it back under the new token only.
+fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
+    let token = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_owned()
+    };
+    let first = token(plan_intake(
+        &db,
+        &["logins", "add", "planner-a", "--permission", "plans:submit"],
+    ));
+    let second = token(plan_intake(
+        &db,
+        &["logins", "rotate", "planner-a", "--grace", "1h"],
+    ));
+    assert!(second.starts_with("pit_") && second != first);
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let who = |t: &str| {
+        plan_intake::logins::login_for_token(&database, t)
+            .expect("lookup")
+            .map(|login| login.name)
+    };
+    assert_eq!(
+        who(&first).as_deref(),
+        Some("planner-a"),
+        "the old token in its grace period"
+    );
+    assert_eq!(who(&second).as_deref(), Some("planner-a"));
+
+    let third = token(plan_intake(
+        &db,
+        &["logins", "rotate", "planner-a", "--grace", "0s"],
+    ));
+    assert_eq!(
+        who(&first),
+        None,
+        "only the last token before a rotation is kept"
+    );
+    assert_eq!(
+        who(&second),
+        None,
+        "a zero grace ends the old token at once"
+    );
+    assert_eq!(who(&third).as_deref(), Some("planner-a"));
+
+    assert!(
+        plan_intake(&db, &["logins", "revoke", "planner-a"])
+            .status
+            .success()
+    );
+    assert_eq!(who(&third), None);
+    let fourth = token(plan_intake(&db, &["logins", "rotate", "planner-a"]));
+    assert_eq!(who(&fourth).as_deref(), Some("planner-a"));
+    assert_eq!(who(&third), None, "a revoked token never comes back");
+
+    let unknown = plan_intake(&db, &["logins", "rotate", "nobody"]);
+    assert!(!unknown.status.success());
+    let bad_grace = plan_intake(&db, &["logins", "rotate", "planner-a", "--grace", "soon"]);
+    assert_eq!(bad_grace.status.code(), Some(2));
+}
+
 crate::on_both_backends_sync!(
+    logins_rotate_keeps_the_identity_and_honours_the_grace_period,
     logins_add_prints_only_the_token_and_stores_only_its_hash,
     bad_input_is_one_line_and_a_non_zero_exit,
     serve_no_migrate_refuses_a_database_with_pending_migrations,

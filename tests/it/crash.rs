@@ -34,7 +34,10 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
     };
     let url = cluster.url("postgres");
     let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
-    let token = run_cli_at(&url, &["logins", "add", "planner-a", "--permission", "plans:submit"]);
+    let token = run_cli_at(
+        &url,
+        &["logins", "add", "planner-a", "--permission", "plans:submit"],
+    );
     let token = String::from_utf8_lossy(&token.stdout).trim().to_owned();
 
     let answered = Arc::new(AtomicUsize::new(0));
@@ -56,7 +59,12 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
                         post_plan(&agent, &addr, &token, &key, &body).expect("the service answers");
                     answered.fetch_add(1, Ordering::SeqCst);
                     let receipt = answer["receipt_id"].as_str().map(str::to_owned);
-                    sent.push(Sent { key, body, status, receipt });
+                    sent.push(Sent {
+                        key,
+                        body,
+                        status,
+                        receipt,
+                    });
                 }
                 sent
             })
@@ -113,7 +121,12 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
                     };
                     assert!([200, 201].contains(&status), "{}: {status} {answer}", s.key);
                     if s.status == 201 {
-                        assert_eq!(answer["receipt_id"].as_str(), s.receipt.as_deref(), "{}", s.key);
+                        assert_eq!(
+                            answer["receipt_id"].as_str(),
+                            s.receipt.as_deref(),
+                            "{}",
+                            s.key
+                        );
                     }
                 }
             })

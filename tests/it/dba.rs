@@ -168,7 +168,59 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 verify check(s) failed"));
 }
 
+/// `migrate print --revert` shows the down SQL and changes nothing;
+/// `migrate revert` shows it too, and refuses to drop a table holding rows
+/// unless told `--yes`.
+fn revert_previews_its_sql_and_keeps_tables_with_rows_unless_told(db: TestDb) {
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    let app_db = db.open_with(MigrateOnOpen::Skip);
+    plan_intake::logins::create(
+        &mut app_db.conn().expect("conn"),
+        "planner-a",
+        &[plan_intake::intake::Permission::PlansSubmit],
+    )
+    .expect("a login row");
+    let before = objects(&db);
+    let preview = plan_intake(&db, &["migrate", "print", "--revert"]);
+    assert!(succeeded(&preview));
+    let sql = String::from_utf8_lossy(&preview.stdout);
+    assert!(
+        sql.contains(&format!("-- revert {}", crate::schema::LAST_MIGRATION))
+            && sql.contains("DROP INDEX logins_previous_token_hash_uq"),
+        "{sql}"
+    );
+    assert_eq!(objects(&db), before, "print --revert changed the database");
+
+    // Revert down to the migration that drops `logins`, which holds a row.
+    let mut refused = None;
+    for _ in 0..crate::schema::MIGRATION_HISTORY.len() {
+        let out = plan_intake(&db, &["migrate", "revert"]);
+        if !out.status.success() {
+            refused = Some(out);
+            break;
+        }
+        assert!(String::from_utf8_lossy(&out.stderr).contains("-- reverting"));
+    }
+    let refused = refused.expect("a revert that would drop logins was refused");
+    let line = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        line.contains("logins (1 rows)") && line.contains("--yes"),
+        "{line}"
+    );
+    let status = plan_intake(&db, &["migrate", "status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout)
+            .contains("applied  2026-11-30-000001_create_logins"),
+        "the refused revert changed nothing"
+    );
+    assert!(succeeded(&plan_intake(
+        &db,
+        &["migrate", "revert", "--yes"]
+    )));
+}
+
 crate::on_both_backends_sync!(
+    revert_previews_its_sql_and_keeps_tables_with_rows_unless_told,
     migrate_print_shows_the_sql_and_changes_nothing,
     revert_then_run_returns_to_the_same_schema,
     two_concurrent_migrate_runs_apply_each_migration_once,

@@ -8,6 +8,7 @@ mod dba;
 mod deadline;
 mod faults;
 mod feed;
+mod group_commit;
 mod hostile;
 mod intake;
 mod operations;

@@ -15,6 +15,7 @@ use crate::support::process::{ServeProcess, client, post_plan};
 use crate::support::{TestApp, TestDb, plan_body, post_plan as post_request, send};
 
 on_both_backends!(
+    every_counter_is_present_from_the_start,
     metrics_count_each_outcome,
     readyz_is_503_with_a_pending_migration_and_200_after_migrate_run,
 );
@@ -27,6 +28,52 @@ fn sample(text: &str, series: &str) -> f64 {
                 .and_then(|rest| rest.trim().parse().ok())
         })
         .unwrap_or(0.0)
+}
+
+/// Alerts and dashboards can be written before the first event: every
+/// counter's every label value is exposed at 0 by a fresh service.
+async fn every_counter_is_present_from_the_start(db: TestDb) {
+    let app = TestApp::new(db);
+    let service = app.service().await;
+    let text = send(&service, TestRequest::get().uri("/metrics"))
+        .await
+        .body;
+    let text = text.as_str().unwrap_or_default();
+    let mut expected: Vec<String> = Vec::new();
+    for outcome in plan_intake::metrics::OUTCOMES {
+        expected.push(format!(
+            "plan_intake_outcomes_total{{outcome=\"{outcome}\"}} 0"
+        ));
+    }
+    for cause in plan_intake::storage::errors::TransientCause::ALL {
+        expected.push(format!(
+            "plan_intake_retries_total{{class=\"{}\"}} 0",
+            cause.as_str()
+        ));
+    }
+    for branch in plan_intake::metrics::UnknownCommitBranch::ALL {
+        expected.push(format!(
+            "plan_intake_unknown_commit_total{{branch=\"{}\"}} 0",
+            branch.as_str()
+        ));
+    }
+    for route in plan_intake::metrics::TIMED_ROUTES {
+        expected.push(format!(
+            "plan_intake_request_timeouts_total{{route=\"{route}\"}} 0"
+        ));
+    }
+    for reason in plan_intake::metrics::GROUP_COMMIT_FAILURES {
+        expected.push(format!(
+            "plan_intake_group_commit_failures_total{{reason=\"{reason}\"}} 0"
+        ));
+    }
+    for line in &expected {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in:\n{text}"
+        );
+    }
+    assert!(expected.len() >= 25);
 }
 
 async fn metrics_count_each_outcome(db: TestDb) {
@@ -331,4 +378,19 @@ fn sigterm_during_a_burst_answers_every_request_completely_and_exits_0() {
         created.len() as i64,
         "a plan was kept but its answer lost"
     );
+}
+
+/// `serve` on a new database logs each migration it applies, by name.
+#[test]
+fn serve_logs_each_migration_it_applies() {
+    let scratch = TestDb::sqlite();
+    let server = ServeProcess::start(&scratch.url);
+    let log = server.log.lock().expect("log").join("\n");
+    for name in crate::schema::MIGRATION_HISTORY {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("applied migration") && l.contains(name)),
+            "no log line for {name}:\n{log}"
+        );
+    }
 }

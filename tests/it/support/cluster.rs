@@ -51,12 +51,22 @@ impl TempCluster {
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
             .port();
-        let name = format!("pi_{}_{:06x}", std::process::id(), rand::random::<u32>() & 0xff_ffff);
+        let name = format!(
+            "pi_{}_{:06x}",
+            std::process::id(),
+            rand::random::<u32>() & 0xff_ffff
+        );
         let port_text = port.to_string();
         run(
             "pg_createcluster",
             &[
-                &version, &name, "-p", &port_text, "--start", "--", "--auth-host=trust",
+                &version,
+                &name,
+                "-p",
+                &port_text,
+                "--start",
+                "--",
+                "--auth-host=trust",
                 "--auth-local=trust",
             ],
         )?;
@@ -76,7 +86,14 @@ impl TempCluster {
     pub fn restart_immediate(&self) {
         run(
             "pg_ctlcluster",
-            &["--skip-systemctl-redirect", &self.version, &self.name, "restart", "-m", "immediate"],
+            &[
+                "--skip-systemctl-redirect",
+                &self.version,
+                &self.name,
+                "restart",
+                "-m",
+                "immediate",
+            ],
         )
         .expect("restart the cluster");
     }
