@@ -48,6 +48,10 @@ pub fn run(url: &str) -> Result<usize, String> {
             name: "pinned names",
             result: pinned_names(&mut conn),
         },
+        Check {
+            name: "feed positions behind the next write",
+            result: feed_invariant(&mut conn),
+        },
     ];
     match Scratch::create(&target, &mut conn) {
         Ok(scratch) => {
@@ -85,6 +89,16 @@ fn migrations_applied(conn: &mut DbConn) -> Result<String, String> {
         Ok("none pending".to_owned())
     } else {
         Err(format!("pending: {}", pending.join(", ")))
+    }
+}
+
+fn feed_invariant(conn: &mut DbConn) -> Result<String, String> {
+    match crate::storage::plans::feed_invariant(conn).map_err(|e| e.to_string())? {
+        Ok(()) => Ok("every stored position is behind the next write's".to_owned()),
+        Err((highest, next)) => Err(format!(
+            "a stored feed position ({highest}) is not behind the next write's ({next}): \
+             restored into another cluster? New receipts would sort before readers' cursors"
+        )),
     }
 }
 

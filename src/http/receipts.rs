@@ -4,7 +4,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use super::problem::{NotYours, Problem, Refusals};
 use super::{ApiError, AppState, auth};
-use crate::intake::{Login, Permission, Receipt, feed};
+use crate::intake::{Login, Permission, PlanView, Receipt, feed};
 use crate::storage::plans::{self, FeedPosition, PlanRow};
 
 #[utoipa::path(get, path = "/v1/receipts/{receipt_id}", tag = "reading",
@@ -24,29 +24,42 @@ pub async fn get_receipt(
 }
 
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct FeedQuery {
     after: Option<String>,
     limit: Option<String>,
+    expand: Option<String>,
+}
+
+/// One entry of a feed page: the receipt, or with `expand=plan` the whole
+/// plan (its receipt, approved inputs and content).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum FeedEntry {
+    Receipt(Receipt),
+    Plan(PlanView),
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct FeedPage {
-    receipts: Vec<Receipt>,
+    receipts: Vec<FeedEntry>,
     next: String,
 }
 
-/// `GET /v1/receipts?after=CURSOR&limit=N`: every receipt once, in feed
-/// order. `next` is always present; on an empty page it is the cursor sent,
-/// so readers poll with it.
+/// `GET /v1/receipts?after=CURSOR&limit=N&expand=plan`: every receipt once,
+/// in feed order. `next` is always present; on an empty page it is the
+/// cursor sent, so readers poll with it. `after=now` answers an empty page
+/// whose `next` is the current end of the feed.
 #[utoipa::path(get, path = "/v1/receipts", tag = "reading",
     params(
-        ("after" = Option<String>, Query, description = "The `next` of the previous page; absent: from the start"),
+        ("after" = Option<String>, Query, description = "The `next` of the previous page; `now`: start at the current end (an empty page whose `next` is the end); absent: from the start"),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100)"),
+        ("expand" = Option<String>, Query, pattern = "^plan$", description = "`plan`: each entry is the whole plan (`{receipt, approved_inputs, content}`), as `GET /v1/plans/{receipt_id}` answers it"),
     ),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The next page; `next` is always present", body = FeedPage),
-        (status = 400, description = "A cursor this service did not issue, or a limit outside 1-1000", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A cursor this service did not issue, a limit outside 1-1000, an `expand` other than `plan`, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
         Refusals,
     ))]
 pub async fn list_receipts(
@@ -58,12 +71,28 @@ pub async fn list_receipts(
     let query = web::Query::<FeedQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
         .into_inner();
-    let after = match query.after.as_deref() {
-        Some(cursor) => feed::decode(cursor).map_err(ApiError::BadQuery)?,
-        None => FeedPosition::default(),
+    let expand = match query.expand.as_deref() {
+        None => false,
+        Some("plan") => true,
+        Some(_) => return Err(ApiError::BadQuery("`expand` takes only `plan`".to_owned())),
     };
     let limit = feed::parse_limit(query.limit.as_deref()).map_err(ApiError::BadQuery)?;
     let deadline = super::deadline::of(&req, &state);
+    let after = match query.after.as_deref() {
+        Some(feed::NOW) => {
+            let end = state
+                .blocking(deadline, move |intake| {
+                    intake.db.read(&deadline, plans::feed_end)
+                })
+                .await?;
+            return Ok(HttpResponse::Ok().json(FeedPage {
+                receipts: Vec::new(),
+                next: feed::encode(end),
+            }));
+        }
+        Some(cursor) => feed::decode(cursor).map_err(ApiError::BadQuery)?,
+        None => FeedPosition::default(),
+    };
     let rows = state
         .blocking(deadline, move |intake| {
             intake
@@ -80,7 +109,13 @@ pub async fn list_receipts(
         .unwrap_or(after);
     let receipts = rows
         .iter()
-        .map(|(_, row)| Receipt::from_row(row, None))
+        .map(|(_, row)| -> Result<FeedEntry, ApiError> {
+            Ok(if expand {
+                FeedEntry::Plan(PlanView::from_row(row)?)
+            } else {
+                FeedEntry::Receipt(Receipt::from_row(row, None)?)
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(HttpResponse::Ok().json(FeedPage {
         receipts,

@@ -115,9 +115,13 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
         JsonError::Syntax(message) => {
             BodyError::Malformed(format!("body is not valid JSON: {message}"))
         }
-        JsonError::NotIJson(message) => BodyError::Invalid(vec![FieldError {
-            field: WHOLE_BODY.to_owned(),
-            message: format!("body is not I-JSON (RFC 7493): {message}"),
+        JsonError::NotIJson { path, message } => BodyError::Invalid(vec![FieldError {
+            field: if path.is_empty() {
+                WHOLE_BODY.to_owned()
+            } else {
+                path
+            },
+            message: format!("not I-JSON (RFC 7493): {message}"),
         }]),
     })?;
     if !value.is_object() {

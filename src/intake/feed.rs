@@ -5,6 +5,8 @@ use crate::storage::plans::FeedPosition;
 pub const DEFAULT_LIMIT: i64 = 100;
 pub const MAX_LIMIT: i64 = 1000;
 const VERSION: &str = "v1";
+/// `after=now`: start at the current end of the feed.
+pub const NOW: &str = "now";
 
 /// Opaque to readers: hex of `v1:{feed_xid}:{id}`.
 pub fn encode(position: FeedPosition) -> String {

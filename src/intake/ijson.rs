@@ -1,14 +1,22 @@
 //! Parses a body as I-JSON (RFC 7493), which RFC 8785 canonicalization needs:
-//! no duplicate member names, no lone surrogates, and integers no larger than
-//! an IEEE 754 double holds exactly.
+//! no duplicate member names, no lone surrogates, and numbers kept exactly.
+//!
+//! serde_json (with `arbitrary_precision`) hands over each number as the
+//! text that was sent. A number is accepted only when its RFC 8785 canonical
+//! form (the shortest text that round-trips its IEEE 754 double) has exactly
+//! the value written: `1.0`, `1e2`, `0.5`, `-0.0`, `123.456` yes;
+//! `18446744073709551617`, `9007199254740993.0`, `0.10000000000000000555`,
+//! `1e400` no. So what is stored is never a rounded version of what was sent,
+//! and two bodies that differ in any number never hash alike.
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// The largest integer every double represents exactly (2^53).
-const MAX_EXACT_INTEGER: u64 = 1 << 53;
+/// The map key under which serde_json's `arbitrary_precision` hands a
+/// number's text to a visitor.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 /// Deepest nesting of arrays and objects accepted (serde_json's own limit,
 /// 128, would answer a less precise syntax error).
 pub const MAX_DEPTH: usize = 64;
@@ -17,15 +25,29 @@ pub const MAX_DEPTH: usize = 64;
 pub enum JsonError {
     /// Not JSON at all: a 400.
     Syntax(String),
-    /// JSON, but not I-JSON: a 422.
-    NotIJson(String),
+    /// JSON, but not I-JSON: a 422 naming the offending value's path
+    /// (`content.lines[1].qty`; empty for the whole body).
+    NotIJson { path: String, message: String },
 }
 
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
-    match serde_json::from_slice::<StrictValue>(bytes) {
-        Ok(StrictValue(value)) => Ok(value),
+    let refusal: std::cell::RefCell<Option<(String, String)>> = Default::default();
+    let seed = StrictVisitor {
+        depth: 0,
+        at: None,
+        refusal: &refusal,
+    };
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed = seed
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value));
+    match parsed {
+        Ok(value) => Ok(value),
         Err(e) if e.classify() == serde_json::error::Category::Data => {
-            Err(JsonError::NotIJson(e.to_string()))
+            let (path, message) = refusal
+                .take()
+                .unwrap_or_else(|| (String::new(), e.to_string()));
+            Err(JsonError::NotIJson { path, message })
         }
         // serde_json refuses a lone surrogate while parsing, with one of these
         // two messages ("unexpected end of hex escape" arises only after a
@@ -34,30 +56,67 @@ pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
             if e.to_string().contains("surrogate")
                 || e.to_string().contains("unexpected end of hex escape") =>
         {
-            Err(JsonError::NotIJson(e.to_string()))
+            Err(JsonError::NotIJson {
+                path: String::new(),
+                message: e.to_string(),
+            })
         }
+        // A number too large for a double: serde_json calls it a syntax
+        // error, but it is JSON; what I-JSON forbids is its value.
+        Err(e) if e.to_string().starts_with("number out of range") => Err(JsonError::NotIJson {
+            path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
+            message: "a number is not exactly representable as an IEEE 754 double".to_owned(),
+        }),
         Err(e) => Err(JsonError::Syntax(e.to_string())),
     }
 }
 
-struct StrictValue(Value);
+/// One step of the path from the root to the value being read.
+enum Step<'a> {
+    Member(&'a str),
+    Index(usize),
+}
 
-impl<'de> Deserialize<'de> for StrictValue {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        StrictVisitor { depth: 0 }
-            .deserialize(deserializer)
-            .map(StrictValue)
+/// The path to a value, as a chain of steps back to the root.
+struct At<'a> {
+    parent: Option<&'a At<'a>>,
+    step: Step<'a>,
+}
+
+/// `content.lines[1].qty`
+fn render(at: Option<&At<'_>>) -> String {
+    let mut steps = Vec::new();
+    let mut cursor = at;
+    while let Some(node) = cursor {
+        steps.push(&node.step);
+        cursor = node.parent;
     }
+    let mut path = String::new();
+    for step in steps.into_iter().rev() {
+        match step {
+            Step::Member(name) => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(name);
+            }
+            Step::Index(i) => path.push_str(&format!("[{i}]")),
+        }
+    }
+    path
 }
 
 /// Builds a `Value`, refusing what I-JSON forbids; `depth` counts the
-/// arrays and objects around the value being read.
+/// arrays and objects around the value being read, `at` is its path, and a
+/// refusal records that path for the answer.
 #[derive(Clone, Copy)]
-struct StrictVisitor {
+struct StrictVisitor<'a> {
     depth: usize,
+    at: Option<&'a At<'a>>,
+    refusal: &'a std::cell::RefCell<Option<(String, String)>>,
 }
 
-impl<'de> DeserializeSeed<'de> for StrictVisitor {
+impl<'de> DeserializeSeed<'de> for StrictVisitor<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
@@ -65,20 +124,78 @@ impl<'de> DeserializeSeed<'de> for StrictVisitor {
     }
 }
 
-impl StrictVisitor {
+impl<'a> StrictVisitor<'a> {
     fn nested<E: de::Error>(self) -> Result<Self, E> {
         if self.depth >= MAX_DEPTH {
-            return Err(E::custom(format!(
+            return Err(self.refuse(format!(
                 "arrays and objects nest deeper than {MAX_DEPTH} levels"
             )));
         }
         Ok(Self {
             depth: self.depth + 1,
+            ..self
         })
+    }
+
+    fn at(self, at: &'a At<'a>) -> Self {
+        Self {
+            at: Some(at),
+            ..self
+        }
+    }
+
+    fn refuse<E: de::Error>(self, message: String) -> E {
+        self.refusal
+            .replace(Some((render(self.at), message.clone())));
+        E::custom(message)
+    }
+
+    /// A number as sent, kept only if canonicalization keeps its value.
+    fn number<E: de::Error>(self, text: &str) -> Result<Value, E> {
+        let refused = || {
+            self.refuse(format!(
+                "number {text} is not exactly representable as an IEEE 754 double"
+            ))
+        };
+        let number: serde_json::Number = serde_json::from_str(text).map_err(|_| refused())?;
+        let canonical = serde_json_canonicalizer::to_string(&number).map_err(|_| refused())?;
+        if same_decimal(text, &canonical) {
+            Ok(Value::Number(number))
+        } else {
+            Err(refused())
+        }
     }
 }
 
-impl<'de> Visitor<'de> for StrictVisitor {
+/// A decimal number's value as (negative, significant digits, exponent of
+/// the last digit), with zero written one way: `1.50e1` and `15` alike.
+fn decimal(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], unsigned[at + 1..].parse::<i64>().ok()?),
+        None => (unsigned, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = whole.chars().chain(fraction.chars()).collect();
+    let mut exponent = exponent - i64::try_from(fraction.len()).ok()?;
+    let trimmed_end = digits.trim_end_matches('0');
+    exponent += i64::try_from(digits.len() - trimmed_end.len()).ok()?;
+    let significant = trimmed_end.trim_start_matches('0');
+    if significant.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, significant.to_owned(), exponent))
+}
+
+/// Whether two JSON number texts have exactly the same value.
+fn same_decimal(a: &str, b: &str) -> bool {
+    matches!((decimal(a), decimal(b)), (Some(x), Some(y)) if x == y)
+}
+
+impl<'de> Visitor<'de> for StrictVisitor<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,23 +207,15 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        if v.unsigned_abs() > MAX_EXACT_INTEGER {
-            return Err(inexact(v));
-        }
-        Ok(Value::from(v))
+        self.number(&v.to_string())
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        if v > MAX_EXACT_INTEGER {
-            return Err(inexact(v));
-        }
-        Ok(Value::from(v))
+        self.number(&v.to_string())
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom(format!("number {v} is not finite")))
+        self.number(&v.to_string())
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
@@ -124,30 +233,44 @@ impl<'de> Visitor<'de> for StrictVisitor {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let inner = self.nested()?;
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-        while let Some(item) = seq.next_element_seed(inner)? {
-            items.push(item);
+        loop {
+            let at = At {
+                parent: self.at,
+                step: Step::Index(items.len()),
+            };
+            match seq.next_element_seed(inner.at(&at))? {
+                Some(item) => items.push(item),
+                None => break,
+            }
         }
         Ok(Value::Array(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
-        let inner = self.nested()?;
         let mut map = Map::new();
+        let mut first = true;
         while let Some(key) = access.next_key::<String>()? {
-            if map.contains_key(&key) {
-                return Err(de::Error::custom(format!("duplicate member name `{key}`")));
+            if std::mem::take(&mut first) && key == NUMBER_TOKEN {
+                // Not an object: a number, as its text (`arbitrary_precision`).
+                let text: String = access.next_value()?;
+                return self.number(&text);
             }
-            let value = access.next_value_seed(inner)?;
+            let inner = self.nested()?;
+            if map.contains_key(&key) {
+                return Err(self.refuse(format!("duplicate member name `{key}`")));
+            }
+            let at = At {
+                parent: self.at,
+                step: Step::Member(&key),
+            };
+            let value = access.next_value_seed(inner.at(&at))?;
             map.insert(key, value);
+        }
+        if first {
+            self.nested::<A::Error>()?;
         }
         Ok(Value::Object(map))
     }
-}
-
-fn inexact<E: de::Error>(v: impl fmt::Display) -> E {
-    E::custom(format!(
-        "number {v} is not exactly representable as an IEEE 754 double"
-    ))
 }
 
 #[cfg(test)]
@@ -158,11 +281,11 @@ mod tests {
     fn refuses_duplicate_members_at_any_depth() {
         assert!(matches!(
             parse(br#"{"a":1,"a":2}"#),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { .. })
         ));
         assert!(matches!(
             parse(br#"{"x":{"b":1,"b":1}}"#),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { path, .. }) if path == "x"
         ));
     }
 
@@ -170,15 +293,15 @@ mod tests {
     fn refuses_lone_surrogates_and_inexact_integers() {
         assert!(matches!(
             parse(br#"{"a":"\ud800"}"#),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { .. })
         ));
         assert!(matches!(
             parse(b"9007199254740993"),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { .. })
         ));
         assert!(matches!(
             parse(b"-9007199254740993"),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { .. })
         ));
         assert_eq!(
             parse(b"9007199254740992"),
@@ -199,9 +322,52 @@ mod tests {
         assert!(parse(nested(MAX_DEPTH).as_bytes()).is_ok());
         assert!(matches!(
             parse(nested(MAX_DEPTH + 1).as_bytes()),
-            Err(JsonError::NotIJson(_))
+            Err(JsonError::NotIJson { .. })
         ));
         assert!(parse(nested(100_000).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_number_is_kept_exactly_or_refused_with_its_path() {
+        for fine in [
+            "1.0",
+            "1e2",
+            "0.5",
+            "-0.0",
+            "123.456",
+            "1E-7",
+            "9007199254740992",
+            "1e21",
+        ] {
+            let doc = format!(r#"{{"n":{fine}}}"#);
+            assert!(parse(doc.as_bytes()).is_ok(), "{fine} was refused");
+        }
+        for refused in [
+            "18446744073709551617",
+            "9007199254740993.0",
+            "0.10000000000000000555",
+            "100000000000000000000.5",
+            "1e400",
+            "-1e400",
+            "9007199254740993",
+            "1152921504606846976",
+        ] {
+            let doc = format!(r#"{{"a":[{{"n":1}},{{"n":{refused}}}]}}"#);
+            match parse(doc.as_bytes()) {
+                Err(JsonError::NotIJson { path, .. }) => assert_eq!(path, "a[1].n", "{refused}"),
+                other => panic!("{refused}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn decimals_compare_by_value() {
+        assert!(same_decimal("1.50e1", "15"));
+        assert!(same_decimal("-0.0", "0"));
+        assert!(same_decimal("0.000", "0"));
+        assert!(same_decimal("1e2", "100"));
+        assert!(!same_decimal("0.10000000000000000555", "0.1"));
+        assert!(!same_decimal("-1", "1"));
     }
 
     #[test]

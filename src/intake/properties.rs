@@ -175,3 +175,70 @@ proptest! {
         }
     }
 }
+
+/// A decimal literal's exact value, worked out independently of the door:
+/// digits without leading or trailing zeros and the power of ten of the last.
+fn exact(text: &str) -> (bool, String, i64) {
+    let negative = text.starts_with('-');
+    let text = text.trim_start_matches('-');
+    let (mantissa, exp) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i64>().unwrap_or(0)),
+        None => (text, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits = format!("{int}{frac}");
+    let mut power = exp - frac.len() as i64;
+    while digits.ends_with('0') {
+        digits.pop();
+        power += 1;
+    }
+    let digits = digits.trim_start_matches('0').to_owned();
+    if digits.is_empty() {
+        (false, digits, 0)
+    } else {
+        (negative, digits, power)
+    }
+}
+
+proptest! {
+    /// For any number literal: the door refuses it, or what is kept (the
+    /// canonical content that is stored and hashed) has exactly its value.
+    #[test]
+    fn accepted_numbers_are_stored_with_exactly_the_value_sent(
+        negative in any::<bool>(),
+        int in "[0-9]{1,22}",
+        frac in proptest::option::of("[0-9]{1,22}"),
+        exp in proptest::option::of(-330i32..330),
+    ) {
+        let mut literal = String::new();
+        if negative { literal.push('-'); }
+        let int = int.trim_start_matches('0');
+        literal.push_str(if int.is_empty() { "0" } else { int });
+        if let Some(frac) = &frac { literal.push('.'); literal.push_str(frac); }
+        if let Some(exp) = exp { literal.push_str(&format!("e{exp}")); }
+        let body = format!(r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{{"n":{literal}}}}}"#);
+        match body::parse(body.as_bytes()) {
+            Ok(submission) => {
+                let parts = hashing::canonicalize(&submission).expect("canonical");
+                let stored: Value = serde_json::from_str(&parts.content).expect("stored JSON");
+                let kept = stored["n"].to_string();
+                prop_assert_eq!(exact(&kept), exact(&literal), "sent {} kept {}", literal, kept);
+            }
+            Err(BodyError::Invalid(errors)) => {
+                prop_assert_eq!(errors[0].field.as_str(), "content.n");
+            }
+            Err(other) => prop_assert!(false, "{literal}: {other:?}"),
+        }
+    }
+
+    /// Two bodies that differ only in one number are never the same plan.
+    #[test]
+    fn bodies_differing_in_a_number_never_hash_alike(a in "[0-9]{1,20}(\\.[0-9]{1,20})?", b in "[0-9]{1,20}(\\.[0-9]{1,20})?") {
+        prop_assume!(exact(&a) != exact(&b));
+        let body = |n: &str| format!(r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{{"n":{n}}}}}"#);
+        if let (Ok(x), Ok(y)) = (body::parse(body(&a).as_bytes()), body::parse(body(&b).as_bytes())) {
+            let (x, y) = (hashing::canonicalize(&x).expect("x"), hashing::canonicalize(&y).expect("y"));
+            prop_assert_ne!(x.hashes.content_hash, y.hashes.content_hash);
+        }
+    }
+}

@@ -276,6 +276,33 @@ pub struct FeedPosition {
     pub id: i64,
 }
 
+/// Only rows no transaction still running can join: see [`feed_page`].
+fn settled_sql(backend: super::Backend) -> &'static str {
+    match backend {
+        super::Backend::Postgres => {
+            "feed_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        }
+        super::Backend::Sqlite => "1 = 1",
+    }
+}
+
+/// The position of the last settled plan: a reader starting there misses
+/// nothing still to come, and pages through no history.
+pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
+    use diesel::dsl::sql;
+    use diesel::sql_types::Bool;
+    let settled = settled_sql(conn.backend());
+    let last: Option<(i64, i64)> = with_conn!(conn, c => plans::table
+        .filter(sql::<Bool>(settled))
+        .order((plans::feed_xid.desc(), plans::id.desc()))
+        .select((plans::feed_xid, plans::id))
+        .first(c)
+        .optional())?;
+    Ok(last
+        .map(|(xid, id)| FeedPosition { xid, id })
+        .unwrap_or_default())
+}
+
 /// Up to `limit` plans after `after`, in feed order.
 ///
 /// Postgres: only plans whose writing transaction is older than every
@@ -291,12 +318,7 @@ pub fn feed_page(
 ) -> QueryResult<Vec<(i64, PlanRow)>> {
     use diesel::dsl::sql;
     use diesel::sql_types::Bool;
-    let settled = match conn.backend() {
-        super::Backend::Postgres => {
-            "feed_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-        }
-        super::Backend::Sqlite => "1 = 1",
-    };
+    let settled = settled_sql(conn.backend());
     with_conn!(conn, c => plans::table
         .filter(
             plans::feed_xid
@@ -308,4 +330,33 @@ pub fn feed_page(
         .limit(limit)
         .select((plans::feed_xid, PlanRow::as_select()))
         .load(c))
+}
+
+/// The feed's invariant: every stored position is behind what the next
+/// write would get, so new receipts sort after every cursor already handed
+/// out. `Err((highest stored, next))` when broken (Postgres: a dump restored
+/// into a cluster whose transaction ids are lower). SQLite orders by `id`,
+/// which AUTOINCREMENT never reuses.
+pub fn feed_invariant(conn: &mut DbConn) -> QueryResult<Result<(), (i64, i64)>> {
+    #[derive(QueryableByName)]
+    struct Positions {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        highest: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        next: i64,
+    }
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(Ok(()));
+    };
+    let found = diesel::sql_query(
+        "SELECT COALESCE(MAX(feed_xid), 0) AS highest,
+                pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next
+           FROM plans",
+    )
+    .get_result::<Positions>(pg)?;
+    Ok(if found.highest < found.next {
+        Ok(())
+    } else {
+        Err((found.highest, found.next))
+    })
 }

@@ -141,7 +141,7 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     let out = plan_intake(&db, &["verify"]);
     assert!(succeeded(&out));
     let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(report.lines().count(), 4, "{report}");
+    assert_eq!(report.lines().count(), 5, "{report}");
     assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
     assert!(report.contains("1 created, 7 replayed"), "{report}");
 
@@ -166,6 +166,30 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
         "{report}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 verify check(s) failed"));
+}
+
+/// A feed position ahead of the cluster's transaction ids (what a dump
+/// restored into a younger cluster leaves) fails verify with one line.
+#[test]
+fn verify_fails_when_a_feed_position_is_ahead_of_the_next_write() {
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    let database = db.open_with(MigrateOnOpen::Skip);
+    crate::support::execute_batch(
+        &mut database.conn().expect("connection"),
+        "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                            approved_inputs, permissions, received_at, feed_xid)
+              VALUES ('rcpt_restored', 'planner-a', 'run-1', 'h', 'h', '{}', '[]', '[]', now(),
+                      pg_current_xact_id()::text::bigint + 1000000000)",
+    );
+    let out = plan_intake(&db, &["verify"]);
+    assert!(!out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failing.len(), 1, "{report}");
+    assert!(failing[0].contains("feed positions"), "{report}");
 }
 
 /// `migrate print --revert` shows the down SQL and changes nothing;

@@ -12,6 +12,7 @@ use crate::on_both_backends;
 use crate::support::{TestApp, TestDb, get, hold_plan_and_key, plan_body, post_plan, send};
 
 on_both_backends!(
+    the_feed_starts_at_the_end_expands_plans_and_refuses_unknown_parameters,
     paging_with_every_limit_returns_each_receipt_once,
     the_feed_is_for_the_ordering_system_only,
 );
@@ -243,4 +244,57 @@ async fn a_late_commit_with_a_lower_id_is_not_skipped() {
     );
     assert_eq!(all.iter().filter(|r| **r == fast_id).count(), 1, "{all:?}");
     assert_eq!(all.len(), 2);
+}
+
+/// `after=now` starts at the current end; `expand=plan` carries each plan;
+/// unknown parameters and other `expand` values are refused.
+async fn the_feed_starts_at_the_end_expands_plans_and_refuses_unknown_parameters(db: TestDb) {
+    let app = TestApp::new(db);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    for i in 0..3 {
+        let body = plan_body(&format!("old-{i}"), "x");
+        let sent = send(&service, post_plan(&planner, &format!("old-{i}"), &body)).await;
+        assert_eq!(sent.status, StatusCode::CREATED);
+    }
+    let end = send(&service, get(&orders, "/v1/receipts?after=now")).await;
+    assert_eq!(end.status, StatusCode::OK);
+    assert_eq!(end.body["receipts"], serde_json::json!([]));
+    let cursor = end.body["next"].as_str().unwrap_or_default().to_owned();
+
+    let new = send(&service, post_plan(&planner, "new", &plan_body("new", "y"))).await;
+    let page = send(
+        &service,
+        get(&orders, &format!("/v1/receipts?after={cursor}&expand=plan")),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+    let entries = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        entries.len(),
+        1,
+        "only what came after the end: {:?}",
+        page.body
+    );
+    assert_eq!(entries[0]["receipt"]["receipt_id"], new.body["receipt_id"]);
+    assert_eq!(entries[0]["content"]["marker"], "y");
+    assert_eq!(entries[0]["approved_inputs"][0]["id"], "forecast-v12");
+
+    for bad in [
+        "/v1/receipts?expand=everything",
+        "/v1/receipts?limit=5&colour=red",
+        "/v1/receipts?after=later",
+    ] {
+        let refused = send(&service, get(&orders, bad)).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {:?}",
+            refused.body
+        );
+    }
 }

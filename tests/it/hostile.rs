@@ -13,6 +13,7 @@ use crate::on_both_backends;
 use crate::support::{TestApp, TestDb, get, plan_body, send};
 
 on_both_backends!(
+    numbers_are_kept_exactly_or_refused_with_their_path,
     random_and_mutated_requests_write_exactly_the_valid_rows,
     tokens_are_random_hashed_and_scoped
 );
@@ -210,4 +211,81 @@ async fn tokens_are_random_hashed_and_scoped(db: TestDb) {
     )
     .await;
     assert_eq!(peek.status, StatusCode::NOT_FOUND);
+}
+
+/// A number is kept with exactly the value sent (in its RFC 8785 form) or
+/// refused with 422 naming its path; nothing is written for a refusal, and
+/// a plan differing only in a number past double precision is never
+/// answered as "already received".
+async fn numbers_are_kept_exactly_or_refused_with_their_path(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let body = |n: &str| {
+        format!(
+            r#"{{"run_id":"run-1","approved_inputs":[{{"id":"in"}}],"content":{{"lines":[{{"qty":1}},{{"qty":{n}}}]}}}}"#
+        )
+    };
+    for (i, (sent, kept)) in [
+        ("1.0", "1"),
+        ("1e2", "100"),
+        ("0.5", "0.5"),
+        ("-0.0", "0"),
+        ("123.456", "123.456"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = send(
+            &service,
+            crate::support::post_plan(&token, &format!("ok-{i}"), &body(sent)),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{sent}: {:?}",
+            answer.body
+        );
+        let id = answer.body["receipt_id"].as_str().unwrap_or_default();
+        let stored = app.stored(id).expect("stored");
+        assert_eq!(
+            stored.content,
+            format!(r#"{{"lines":[{{"qty":1}},{{"qty":{kept}}}]}}"#),
+            "{sent}"
+        );
+    }
+    let before = app.count("plans");
+    for (i, sent) in [
+        "18446744073709551617",
+        "18446744073709551616",
+        "9007199254740993.0",
+        "0.10000000000000000555",
+        "100000000000000000000.5",
+        "1e400",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = send(
+            &service,
+            crate::support::post_plan(&token, &format!("no-{i}"), &body(sent)),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{sent}: {:?}",
+            answer.body
+        );
+        assert_eq!(
+            answer.body["errors"][0]["field"], "content.lines[1].qty",
+            "{sent}"
+        );
+    }
+    assert_eq!(
+        app.count("plans"),
+        before,
+        "nothing written for a refused number"
+    );
 }
