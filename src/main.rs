@@ -237,6 +237,7 @@ fn run(command: Command) -> Result<(), String> {
                 checkout_timeout: Duration::from_millis(checkout_timeout_ms),
                 sqlite_busy_timeout: Duration::from_millis(sqlite_busy_timeout_ms),
                 request_timeout: Some(Duration::from_millis(request_timeout_ms)),
+                feed_listener: true,
             },
             http: HttpConfig {
                 body_limit,

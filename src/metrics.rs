@@ -18,6 +18,9 @@ pub struct Metrics {
     pool_connections: IntGauge,
     pool_idle: IntGauge,
     pool_waiters: IntGauge,
+    feed_waiting: IntGauge,
+    feed_wakeups: prometheus::IntCounter,
+    feed_lag: prometheus::Gauge,
 }
 
 /// Every label value each counter can take, so every series exists at 0
@@ -148,13 +151,30 @@ impl Metrics {
                 "plan_intake_db_pool_waiters",
                 "Requests waiting for a database connection",
             ),
+            feed_waiting: gauge(
+                "plan_intake_feed_waiting_readers",
+                "Feed readers waiting (wait=S) for a receipt past their cursor",
+            ),
+            feed_wakeups: prometheus::IntCounter::new(
+                "plan_intake_feed_wakeups_total",
+                "Waiting feed readers woken by a write (any instance's)",
+            )
+            .expect("valid metric definition"), // ok: constant
+            feed_lag: prometheus::Gauge::new(
+                "plan_intake_feed_lag_seconds",
+                "Age of the oldest write still holding the feed back, as of the last feed read",
+            )
+            .expect("valid metric definition"), // ok: constant
         };
         metrics.register_all();
         metrics
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 12] = [
+            Box::new(self.feed_waiting.clone()),
+            Box::new(self.feed_wakeups.clone()),
+            Box::new(self.feed_lag.clone()),
             Box::new(self.outcomes.clone()),
             Box::new(self.retries.clone()),
             Box::new(self.unknown_commits.clone()),
@@ -170,6 +190,34 @@ impl Metrics {
                 .register(collector)
                 .expect("metric registered once"); // ok: a fresh registry
         }
+    }
+
+    /// One more reader waiting on the feed, until the guard is dropped.
+    pub fn feed_reader_waiting(&self) -> impl Drop + use<> {
+        struct Waiting(IntGauge);
+        impl Drop for Waiting {
+            fn drop(&mut self) {
+                self.0.dec();
+            }
+        }
+        self.feed_waiting.inc();
+        Waiting(self.feed_waiting.clone())
+    }
+
+    pub fn feed_wakeup(&self) {
+        self.feed_wakeups.inc();
+    }
+
+    pub fn feed_wakeup_count(&self) -> u64 {
+        self.feed_wakeups.get()
+    }
+
+    pub fn feed_waiting_count(&self) -> i64 {
+        self.feed_waiting.get()
+    }
+
+    pub fn set_feed_lag(&self, seconds: f64) {
+        self.feed_lag.set(seconds);
     }
 
     pub fn timeout(&self, route: &str) {

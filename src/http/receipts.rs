@@ -29,6 +29,7 @@ struct FeedQuery {
     after: Option<String>,
     limit: Option<String>,
     expand: Option<String>,
+    wait: Option<String>,
 }
 
 /// One entry of a feed page: the receipt, or with `expand=plan` the whole
@@ -54,12 +55,13 @@ pub struct FeedPage {
     params(
         ("after" = Option<String>, Query, description = "The `next` of the previous page; `now`: start at the current end (an empty page whose `next` is the end); absent: from the start"),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100)"),
+        ("wait" = Option<u32>, Query, minimum = 0, maximum = 60, description = "Seconds to wait, with nothing past the cursor, for a receipt to join the feed (default 0): the answer comes as soon as one is visible, else an empty page after this long. Any instance's write wakes the wait."),
         ("expand" = Option<String>, Query, pattern = "^plan$", description = "`plan`: each entry is the whole plan (`{receipt, approved_inputs, content}`), as `GET /v1/plans/{receipt_id}` answers it"),
     ),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The next page; `next` is always present", body = FeedPage),
-        (status = 400, description = "A cursor this service did not issue, a limit outside 1-1000, an `expand` other than `plan`, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A cursor this service did not issue, a limit outside 1-1000, a wait outside 0-60, an `expand` other than `plan`, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
         Refusals,
     ))]
 pub async fn list_receipts(
@@ -93,13 +95,8 @@ pub async fn list_receipts(
         Some(cursor) => feed::decode(cursor).map_err(ApiError::BadQuery)?,
         None => FeedPosition::default(),
     };
-    let rows = state
-        .blocking(deadline, move |intake| {
-            intake
-                .db
-                .read(&deadline, |conn| plans::feed_page(conn, after, limit))
-        })
-        .await?;
+    let wait = feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
+    let rows = read_or_wait(&state, after, limit, wait, deadline).await?;
     let next = rows
         .last()
         .map(|(xid, row)| FeedPosition {
@@ -121,6 +118,45 @@ pub async fn list_receipts(
         receipts,
         next: feed::encode(next),
     }))
+}
+
+/// A page past `after`; with nothing there, waits up to `wait` for a
+/// receipt to join the feed, holding no connection while it waits. Woken by
+/// any instance's write, and every `RECHECK` in any case (a write that
+/// aborts sends no notification, yet may have been what held a committed
+/// one back).
+async fn read_or_wait(
+    state: &AppState,
+    after: FeedPosition,
+    limit: i64,
+    wait: std::time::Duration,
+    mut deadline: crate::deadline::Deadline,
+) -> Result<Vec<(i64, PlanRow)>, ApiError> {
+    const RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
+    let until = std::time::Instant::now() + wait;
+    let mut changes = state.intake.db.feed_signal().subscribe();
+    let metrics = &state.intake.metrics;
+    loop {
+        changes.borrow_and_update();
+        let (rows, horizon) = state
+            .blocking(deadline, move |intake| {
+                intake
+                    .db
+                    .read(&deadline, |conn| plans::feed_page(conn, after, limit))
+            })
+            .await?;
+        metrics.set_feed_lag(horizon.lag_seconds);
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if !rows.is_empty() || left.is_zero() {
+            return Ok(rows);
+        }
+        let _waiting = metrics.feed_reader_waiting();
+        if let Ok(Ok(())) = actix_web::rt::time::timeout(left.min(RECHECK), changes.changed()).await
+        {
+            metrics.feed_wakeup();
+        }
+        deadline = crate::deadline::Deadline::after(state.http.request_timeout);
+    }
 }
 
 /// The plan behind `receipt_id` if the caller may see it: `receipts:read`

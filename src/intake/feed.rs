@@ -48,6 +48,22 @@ pub fn parse_limit(limit: Option<&str>) -> Result<i64, String> {
     }
 }
 
+/// The longest a reader may wait for a receipt, in seconds.
+pub const MAX_WAIT_SECS: u64 = 60;
+
+/// `wait` as sent (absent: 0), whole seconds within 0–60.
+pub fn parse_wait(wait: Option<&str>) -> Result<std::time::Duration, String> {
+    let Some(wait) = wait else {
+        return Ok(std::time::Duration::ZERO);
+    };
+    match wait.parse::<u64>() {
+        Ok(n) if n <= MAX_WAIT_SECS => Ok(std::time::Duration::from_secs(n)),
+        _ => Err(format!(
+            "`wait` must be a whole number of seconds from 0 to {MAX_WAIT_SECS}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +77,18 @@ mod tests {
         assert_eq!(decode(&encode(position)), Ok(position));
         for bad in ["", "zz", "abc", "76323a313a", &encode(position)[2..]] {
             assert!(decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn waits_are_bounded() {
+        assert_eq!(parse_wait(None), Ok(std::time::Duration::ZERO));
+        assert_eq!(
+            parse_wait(Some("60")),
+            Ok(std::time::Duration::from_secs(60))
+        );
+        for bad in ["61", "-1", "1.5", "x", ""] {
+            assert!(parse_wait(Some(bad)).is_err(), "{bad}");
         }
     }
 

@@ -264,13 +264,18 @@ pub fn revert_sql(conn: &mut DbConn) -> Result<Option<(String, String)>, Storage
     Ok(planned.into_iter().next())
 }
 
-/// The tables `sql` drops that hold rows, with their row counts.
+/// The product's tables (`logins`, `plans`, `intake_keys`) that `sql`
+/// drops while they hold rows, with their row counts. (Bookkeeping such as
+/// `feed_bases` is recomputed, not kept.)
 pub fn tables_with_rows_dropped_by(
     conn: &mut DbConn,
     sql: &str,
 ) -> Result<Vec<(String, i64)>, StorageError> {
     let mut found = Vec::new();
-    for table in dropped_tables(sql) {
+    for table in dropped_tables(sql)
+        .into_iter()
+        .filter(|t| super::catalog::TABLES.contains(&t.as_str()))
+    {
         let query = format!("SELECT COUNT(*) AS n FROM {table}");
         let rows = with_conn!(conn, c => diesel::sql_query(&query).get_result::<Count>(c))?.n;
         if rows > 0 {
@@ -368,8 +373,8 @@ fn version_of(name: &str) -> String {
 }
 
 /// The `GRANT` statements that let `role` run the service and nothing more:
-/// read the schema's objects, add rows to `plans` and `intake_keys`, call the
-/// write function. Postgres only; names are quoted by the server.
+/// read the schema's objects, add rows to `plans`, `intake_keys` and
+/// `feed_bases` (a new cluster's feed base), call the functions. Postgres only; names are quoted by the server.
 pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageError> {
     let DbConn::Postgres(pg) = conn else {
         return Err(StorageError::Config(
@@ -387,7 +392,7 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
          UNION ALL
          SELECT format('GRANT SELECT ON TABLE %I.logins, %I.__diesel_schema_migrations TO %I;', s.name, s.name, $1) FROM s
          UNION ALL
-         SELECT format('GRANT SELECT, INSERT ON TABLE %I.plans, %I.intake_keys TO %I;', s.name, s.name, $1) FROM s
+         SELECT format('GRANT SELECT, INSERT ON TABLE %I.plans, %I.intake_keys, %I.feed_bases TO %I;', s.name, s.name, s.name, $1) FROM s
          UNION ALL
          SELECT format('GRANT USAGE, SELECT ON SEQUENCE %s, %s TO %I;',
                        pg_get_serial_sequence(format('%I.plans', s.name), 'id'),

@@ -6,6 +6,7 @@ pub mod schema;
 
 pub mod catalog;
 pub mod errors;
+mod feed_signal;
 mod group_commit;
 pub mod logins;
 pub mod migrations;
@@ -13,6 +14,7 @@ pub mod plans;
 mod pool;
 
 pub use errors::StorageError;
+pub use feed_signal::FeedSignal;
 pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
 };
@@ -37,6 +39,8 @@ pub struct Database {
     waiting: Arc<AtomicI64>,
     /// SQLite only: this process's writers, committed in groups.
     writers: Arc<WriteQueue>,
+    /// Wakes readers waiting on the feed.
+    feed: FeedSignal,
 }
 
 impl Database {
@@ -68,8 +72,18 @@ impl Database {
             }
             MigrateOnOpen::Skip => {}
         }
+        if let DbConn::Postgres(pg) = &mut conn
+            && migrate != MigrateOnOpen::Skip
+        {
+            plans::record_feed_base(pg)?;
+        }
         drop(conn);
+        let feed = FeedSignal::default();
+        if let (true, DatabaseTarget::Postgres(url)) = (options.feed_listener, manager.target()) {
+            feed.listen(pool::with_libpq_defaults(url));
+        }
         Ok(Self {
+            feed,
             pool: build_pool(manager, options),
             backend,
             checkout_timeout: options.checkout_timeout,
@@ -146,12 +160,21 @@ impl Database {
         idempotency_key: &str,
         deadline: &Deadline,
     ) -> Result<plans::PlanRow, plans::WriteFailure> {
-        match conn {
+        let written = match conn {
             DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key, deadline),
             DbConn::Postgres(pg) => {
                 plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
             }
+        };
+        if written.is_ok() {
+            self.feed.bump();
         }
+        written
+    }
+
+    /// The signal that wakes readers waiting on the feed.
+    pub fn feed_signal(&self) -> &FeedSignal {
+        &self.feed
     }
 
     /// Makes the next SQLite group-commit batch's leader panic inside its

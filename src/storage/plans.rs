@@ -276,24 +276,65 @@ pub struct FeedPosition {
     pub id: i64,
 }
 
-/// Only rows no transaction still running can join: see [`feed_page`].
-fn settled_sql(backend: super::Backend) -> &'static str {
-    match backend {
-        super::Backend::Postgres => {
-            "feed_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+/// Records this cluster's feed base in a statement of its own (committed at
+/// once), so that after a restore into another cluster no writer makes the
+/// others wait while it records it inside its own transaction.
+pub fn record_feed_base(pg: &mut diesel::PgConnection) -> QueryResult<()> {
+    diesel::sql_query("SELECT plan_intake_feed_base(true)")
+        .execute(pg)
+        .map(|_| ())
+}
+
+/// Where the settled part of the feed ends, and how far behind it is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Horizon {
+    /// Positions below this are settled for good; `None` (SQLite): every
+    /// committed plan is.
+    pub below: Option<i64>,
+    /// Age of the oldest write still holding the feed back, in seconds.
+    pub lag_seconds: f64,
+}
+
+/// Postgres: the lowest position a plan still being written can take (see
+/// `plan_intake_feed_horizon`, migration `…_feed_positions_by_cluster`).
+/// Only writers of `plans` count, so unrelated transactions anywhere in the
+/// cluster (other databases, idle sessions, batch jobs) hold nothing back.
+/// It must be read in a statement of its own, before the page: a writer
+/// that left pg_locks by then has committed and is visible to the page's
+/// newer snapshot, so no late commit is ever skipped. SQLite commits one
+/// writer at a time in id order: every committed plan is settled.
+pub fn feed_horizon(conn: &mut DbConn) -> QueryResult<Horizon> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        horizon: i64,
+        #[diesel(sql_type = diesel::sql_types::Double)]
+        lag_seconds: f64,
+    }
+    match conn {
+        DbConn::Postgres(pg) => {
+            let found =
+                diesel::sql_query("SELECT horizon, lag_seconds FROM plan_intake_feed_horizon()")
+                    .get_result::<Found>(pg)?;
+            Ok(Horizon {
+                below: Some(found.horizon),
+                lag_seconds: found.lag_seconds,
+            })
         }
-        super::Backend::Sqlite => "1 = 1",
+        DbConn::Sqlite(_) => Ok(Horizon {
+            below: None,
+            lag_seconds: 0.0,
+        }),
     }
 }
 
 /// The position of the last settled plan: a reader starting there misses
 /// nothing still to come, and pages through no history.
 pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
-    use diesel::dsl::sql;
-    use diesel::sql_types::Bool;
-    let settled = settled_sql(conn.backend());
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
     let last: Option<(i64, i64)> = with_conn!(conn, c => plans::table
-        .filter(sql::<Bool>(settled))
+        .filter(plans::feed_xid.lt(below))
         .order((plans::feed_xid.desc(), plans::id.desc()))
         .select((plans::feed_xid, plans::id))
         .first(c)
@@ -303,33 +344,30 @@ pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
         .unwrap_or_default())
 }
 
-/// Up to `limit` plans after `after`, in feed order.
-///
-/// Postgres: only plans whose writing transaction is older than every
-/// transaction still running (`pg_snapshot_xmin`) are returned. Those are
-/// settled for good, and any plan still to commit has a larger `feed_xid`
-/// than all of them, so a reader following the cursor never skips one, even
-/// when ids commit out of order. SQLite commits one writer at a time in id
-/// order, so there every committed plan is settled.
+/// Up to `limit` settled plans after `after`, in feed order `(feed_xid,
+/// id)`, and the horizon they were read under. Any plan still to commit
+/// takes a position at or above the horizon, so it sorts after everything
+/// returned, and a reader following the cursor never skips one, even when
+/// ids commit out of order.
 pub fn feed_page(
     conn: &mut DbConn,
     after: FeedPosition,
     limit: i64,
-) -> QueryResult<Vec<(i64, PlanRow)>> {
-    use diesel::dsl::sql;
-    use diesel::sql_types::Bool;
-    let settled = settled_sql(conn.backend());
-    with_conn!(conn, c => plans::table
+) -> QueryResult<(Vec<(i64, PlanRow)>, Horizon)> {
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
+    let rows = with_conn!(conn, c => plans::table
         .filter(
             plans::feed_xid
                 .gt(after.xid)
                 .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
         )
-        .filter(sql::<Bool>(settled))
+        .filter(plans::feed_xid.lt(below))
         .order((plans::feed_xid.asc(), plans::id.asc()))
         .limit(limit)
         .select((plans::feed_xid, PlanRow::as_select()))
-        .load(c))
+        .load(c))?;
+    Ok((rows, horizon))
 }
 
 /// The feed's invariant: every stored position is behind what the next

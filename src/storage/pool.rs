@@ -127,6 +127,9 @@ pub struct PoolOptions {
     /// outlives a request by more than one deadline even if the service
     /// stops waiting for it. `None` (the command line tools): no limit.
     pub request_timeout: Option<Duration>,
+    /// Postgres: keep one connection listening for other instances' writes,
+    /// to wake readers waiting on the feed (the service; not the CLI).
+    pub feed_listener: bool,
 }
 
 pub const DEFAULT_MAX_SIZE: u32 = 8;
@@ -140,6 +143,7 @@ impl Default for PoolOptions {
             checkout_timeout: DEFAULT_CHECKOUT_TIMEOUT,
             sqlite_busy_timeout: DEFAULT_SQLITE_BUSY_TIMEOUT,
             request_timeout: None,
+            feed_listener: false,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::on_both_backends;
 use crate::support::{TestApp, TestDb, get, hold_plan_and_key, plan_body, post_plan, send};
 
 on_both_backends!(
+    a_waiting_reader_is_answered_when_a_plan_lands,
     the_feed_starts_at_the_end_expands_plans_and_refuses_unknown_parameters,
     paging_with_every_limit_returns_each_receipt_once,
     the_feed_is_for_the_ordering_system_only,
@@ -297,4 +298,344 @@ async fn the_feed_starts_at_the_end_expands_plans_and_refuses_unknown_parameters
             refused.body
         );
     }
+}
+
+/// A reader waiting with nothing past its cursor is answered as soon as a
+/// plan lands, holds no connection meanwhile, and is counted; with nothing
+/// at all, it gets an empty page with its own cursor after `wait`.
+async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
+    let app = TestApp::new(db);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    let end = send(&service, get(&orders, "/v1/receipts?after=now")).await;
+    let cursor = end.body["next"].as_str().unwrap_or_default().to_owned();
+
+    let started = std::time::Instant::now();
+    let empty = send(
+        &service,
+        get(&orders, &format!("/v1/receipts?after={cursor}&wait=1")),
+    )
+    .await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert_eq!(empty.body["receipts"], serde_json::json!([]));
+    assert_eq!(empty.body["next"].as_str(), Some(cursor.as_str()));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+
+    let metrics = app.metrics().clone();
+    let pool = app.intake.db.pool.clone();
+    let waiting = send(
+        &service,
+        get(&orders, &format!("/v1/receipts?after={cursor}&wait=30")),
+    );
+    let write = async {
+        crate::support::wait_until("the reader waits", || metrics.feed_waiting_count() == 1).await;
+        let idle = pool.state();
+        assert_eq!(
+            idle.connections, idle.idle_connections,
+            "a waiting reader holds no connection"
+        );
+        send(&service, post_plan(&planner, "k", &plan_body("run-1", "x"))).await
+    };
+    let started = std::time::Instant::now();
+    let (page, written) = futures_util::join!(waiting, write);
+    assert_eq!(written.status, StatusCode::CREATED);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let receipts = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(receipts.len(), 1, "{:?}", page.body);
+    assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
+    assert!(app.metrics().feed_wakeup_count() >= 1);
+    assert_eq!(app.metrics().feed_waiting_count(), 0);
+
+    for bad in ["wait=61", "wait=-1", "wait=1.5"] {
+        let refused = send(&service, get(&orders, &format!("/v1/receipts?{bad}"))).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+/// A plan written through one instance wakes a reader waiting on another:
+/// two services, each with its own pool and listener, on one Postgres.
+#[actix_web::test]
+async fn a_write_through_another_instance_wakes_a_waiting_reader() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let url = scratch.url.clone();
+    let first = TestApp::new(scratch);
+    let planner = first.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = first.login("orders", &[Permission::ReceiptsRead]);
+    let options = plan_intake::storage::PoolOptions {
+        feed_listener: true,
+        ..plan_intake::storage::PoolOptions::default()
+    };
+    let other_db = plan_intake::storage::Database::open(
+        &url,
+        &options,
+        plan_intake::storage::MigrateOnOpen::Skip,
+    )
+    .expect("the second instance");
+    let other = plan_intake::intake::Intake::new(
+        other_db,
+        Default::default(),
+        plan_intake::metrics::Metrics::new(),
+    );
+    let other_metrics = other.metrics.clone();
+    let writer_service = first.service().await;
+    let reader_service = first.service_with(other).await;
+
+    let end = send(&reader_service, get(&orders, "/v1/receipts?after=now")).await;
+    let cursor = end.body["next"].as_str().unwrap_or_default().to_owned();
+    let waiting = send(
+        &reader_service,
+        get(&orders, &format!("/v1/receipts?after={cursor}&wait=30")),
+    );
+    let write = async {
+        crate::support::wait_until("the reader waits", || {
+            other_metrics.feed_waiting_count() == 1
+        })
+        .await;
+        send(
+            &writer_service,
+            post_plan(&planner, "k", &plan_body("run-1", "x")),
+        )
+        .await
+    };
+    let (page, written) = futures_util::join!(waiting, write);
+    assert_eq!(written.status, StatusCode::CREATED);
+    let receipts = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(receipts.len(), 1, "{:?}", page.body);
+    assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
+    assert!(
+        other_metrics.feed_wakeup_count() >= 1,
+        "woken by the other instance's write"
+    );
+}
+
+/// Transactions that write elsewhere in the cluster (another database, an
+/// idle-in-transaction session on another table) hold nothing back: a
+/// receipt is in the feed as soon as its 201 is out.
+#[actix_web::test]
+async fn unrelated_open_transactions_do_not_hold_the_feed_back() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+
+    use diesel::Connection;
+    let other_database = crate::support::postgres_base_url().replace("/test", "/postgres");
+    let mut elsewhere = diesel::PgConnection::establish(&other_database).expect("connect");
+    elsewhere
+        .batch_execute(
+            "BEGIN; CREATE TEMP TABLE batch_job (n int); INSERT INTO batch_job VALUES (1);",
+        )
+        .expect("a writing transaction in another database");
+    let mut idle = diesel::PgConnection::establish(&direct_url).expect("connect");
+    idle.batch_execute(
+        "BEGIN; CREATE TEMP TABLE idle_work (n int); INSERT INTO idle_work VALUES (1);",
+    )
+    .expect("an idle-in-transaction session that wrote");
+
+    let written = send(&service, post_plan(&planner, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(written.status, StatusCode::CREATED);
+    let page = send(&service, get(&orders, "/v1/receipts")).await;
+    let receipts = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        receipts.len(),
+        1,
+        "the receipt waited for unrelated transactions: {:?}",
+        page.body
+    );
+    elsewhere.batch_execute("ROLLBACK").expect("end");
+    idle.batch_execute("ROLLBACK").expect("end");
+}
+
+/// The database is dumped and restored into another cluster whose
+/// transaction ids are far lower: a reader continuing from its old cursor
+/// sees every new receipt and no old one again, with no manual step.
+#[actix_web::test]
+async fn the_feed_survives_a_dump_restored_into_another_cluster() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let Some(cluster) = crate::support::cluster::TempCluster::create() else {
+        return;
+    };
+    let schema = scratch.schema.clone().expect("schema");
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    for i in 0..3 {
+        let sent = send(
+            &service,
+            post_plan(
+                &planner,
+                &format!("old-{i}"),
+                &plan_body(&format!("old-{i}"), "x"),
+            ),
+        )
+        .await;
+        assert_eq!(sent.status, StatusCode::CREATED);
+    }
+    let (old, cursor) = read_all(&service, &orders, 10).await;
+    assert_eq!(old.len(), 3);
+
+    let dump = std::process::Command::new("pg_dump")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-n",
+            &schema,
+            "--no-owner",
+        ])
+        .output()
+        .expect("pg_dump");
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let mut restore = std::process::Command::new("psql")
+        .args(["-q", "-v", "ON_ERROR_STOP=1", &cluster.url("postgres")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    use std::io::Write;
+    restore
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&dump.stdout)
+        .expect("feed the dump");
+    assert!(restore.wait().expect("psql").success(), "the dump restores");
+
+    let restored_url = format!(
+        "{}?options=-csearch_path%3D{schema}",
+        cluster.url("postgres")
+    );
+    let restored = plan_intake::storage::Database::open(
+        &restored_url,
+        &plan_intake::storage::PoolOptions::default(),
+        plan_intake::storage::MigrateOnOpen::RequireNonePending,
+    )
+    .expect("the restored database, fully migrated");
+    let intake = plan_intake::intake::Intake::new(
+        restored,
+        Default::default(),
+        plan_intake::metrics::Metrics::new(),
+    );
+    let restored_service = app.service_with(intake).await;
+    let mut new = Vec::new();
+    for i in 0..2 {
+        let sent = send(
+            &restored_service,
+            post_plan(
+                &planner,
+                &format!("new-{i}"),
+                &plan_body(&format!("new-{i}"), "y"),
+            ),
+        )
+        .await;
+        assert_eq!(sent.status, StatusCode::CREATED, "{:?}", sent.body);
+        new.push(
+            sent.body["receipt_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    let page = send(
+        &restored_service,
+        get(&orders, &format!("/v1/receipts?after={cursor}")),
+    )
+    .await;
+    let seen: Vec<String> = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| r["receipt_id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(seen, new, "every new receipt, in order, and no old one");
+    drop(restored_service);
+    drop(cluster);
+}
+
+/// SQLite: a copy made with `VACUUM INTO` keeps the feed; a reader goes on
+/// from its cursor on the copy.
+#[actix_web::test]
+async fn a_copied_sqlite_file_keeps_the_feed() {
+    let scratch = TestDb::sqlite();
+    let copy_dir = tempfile::tempdir().expect("dir");
+    let copy = copy_dir.path().join("copy.db");
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let orders = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    for i in 0..2 {
+        send(
+            &service,
+            post_plan(
+                &planner,
+                &format!("old-{i}"),
+                &plan_body(&format!("old-{i}"), "x"),
+            ),
+        )
+        .await;
+    }
+    let (_, cursor) = read_all(&service, &orders, 10).await;
+    crate::support::execute_batch(
+        &mut app.conn(),
+        &format!("VACUUM INTO '{}'", copy.display()),
+    );
+    let copied = plan_intake::storage::Database::open(
+        &format!("sqlite://{}", copy.display()),
+        &plan_intake::storage::PoolOptions::default(),
+        plan_intake::storage::MigrateOnOpen::RequireNonePending,
+    )
+    .expect("the copy");
+    let intake = plan_intake::intake::Intake::new(
+        copied,
+        Default::default(),
+        plan_intake::metrics::Metrics::new(),
+    );
+    let copy_service = app.service_with(intake).await;
+    let sent = send(
+        &copy_service,
+        post_plan(&planner, "new", &plan_body("new", "y")),
+    )
+    .await;
+    let page = send(
+        &copy_service,
+        get(&orders, &format!("/v1/receipts?after={cursor}")),
+    )
+    .await;
+    let receipts = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(receipts.len(), 1, "{:?}", page.body);
+    assert_eq!(receipts[0]["receipt_id"], sent.body["receipt_id"]);
 }

@@ -217,6 +217,7 @@ impl TestApp {
         let direct = scratch.open();
         let pool = PoolOptions {
             request_timeout: Some(options.request_timeout),
+            feed_listener: true,
             ..options.pool
         };
         let url = options.url.as_deref().unwrap_or(&scratch.url);
