@@ -26,6 +26,8 @@ use plan_intake::storage::{Database, MigrateOnOpen, PoolOptions};
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
+/// Plans timed from their 201 to a waiting reader, per push scenario.
+const PUSH_SAMPLES: usize = 200;
 
 struct Options {
     backends: Vec<&'static str>,
@@ -203,6 +205,101 @@ fn post(
     }
 }
 
+/// Push latency: one writer posts a plan at a time (paced), one reader
+/// follows the feed with `wait=30`; for each plan, the time from its 201
+/// at the writer to its arrival at the reader. The reader may be on
+/// another instance than the writer.
+fn push_latency(
+    writer_addr: &str,
+    reader_addr: &str,
+    planner: &str,
+    orders: &str,
+    samples: usize,
+) -> Run {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build();
+    let start = json_of(
+        agent
+            .get(&format!("http://{reader_addr}/v1/receipts?after=now"))
+            .set("Authorization", &format!("Bearer {orders}"))
+            .call(),
+    )
+    .expect("the end of the feed");
+    let mut cursor = start["next"].as_str().unwrap_or_default().to_owned();
+    let arrivals: Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> =
+        Arc::default();
+    let (reader_addr, orders, seen) = (
+        reader_addr.to_owned(),
+        orders.to_owned(),
+        Arc::clone(&arrivals),
+    );
+    let reader = thread::spawn(move || {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(60))
+            .build();
+        while seen.lock().map(|m| m.len()).unwrap_or(samples) < samples {
+            let Some(page) = json_of(
+                agent
+                    .get(&format!(
+                        "http://{reader_addr}/v1/receipts?after={cursor}&wait=30"
+                    ))
+                    .set("Authorization", &format!("Bearer {orders}"))
+                    .call(),
+            ) else {
+                continue;
+            };
+            let now = Instant::now();
+            if let Ok(mut seen) = seen.lock() {
+                for receipt in page["receipts"].as_array().into_iter().flatten() {
+                    if let Some(id) = receipt["receipt_id"].as_str() {
+                        seen.insert(id.to_owned(), now);
+                    }
+                }
+            }
+            cursor = page["next"].as_str().unwrap_or(&cursor).to_owned();
+        }
+    });
+    let started = Instant::now();
+    let mut created = Vec::new();
+    for i in 0..samples {
+        let key = format!("push-{}-{i}", rand::random::<u32>());
+        let answer = agent
+            .post(&format!("http://{writer_addr}/v1/plans"))
+            .set("Authorization", &format!("Bearer {planner}"))
+            .set("Idempotency-Key", &key)
+            .set("Content-Type", "application/json")
+            .send_string(&body(&key));
+        let at = Instant::now();
+        if let Some(receipt) = json_of(answer)
+            && let Some(id) = receipt["receipt_id"].as_str()
+        {
+            created.push((id.to_owned(), at));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = reader.join();
+    let seen = arrivals.lock().map(|m| m.clone()).unwrap_or_default();
+    let latencies: Vec<Duration> = created
+        .iter()
+        .filter_map(|(id, at)| {
+            seen.get(id)
+                .map(|arrived| arrived.saturating_duration_since(*at))
+        })
+        .collect();
+    Run {
+        errors: (created.len() - latencies.len()) as u64 + (samples - created.len()) as u64,
+        latencies,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// A successful answer's body as JSON.
+fn json_of(answer: Result<ureq::Response, ureq::Error>) -> Option<serde_json::Value> {
+    let text = answer.ok()?.into_string().ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 struct Service {
     child: Child,
     addr: String,
@@ -320,6 +417,7 @@ struct Row {
 fn main() {
     let options = options();
     let mut rows: Vec<Row> = Vec::new();
+    let mut push_rows: Vec<(&str, &str, Run)> = Vec::new();
     for backend in options.backends.clone() {
         let (url, cleanup) = fresh_database(backend, &options);
         let pool_size = if backend == "postgres" {
@@ -436,6 +534,25 @@ fn main() {
         );
         let contended_cpu = cpu_per_request(mark, &contended);
         let rss = service.peak_rss_mib();
+
+        let orders = {
+            let mut conn = db.conn().expect("connection");
+            plan_intake::logins::create(&mut conn, "bench-orders", &[Permission::ReceiptsRead])
+                .expect("login")
+        };
+        push_rows.push((
+            backend,
+            "the same instance",
+            push_latency(&addr, &addr, &token, &orders, PUSH_SAMPLES),
+        ));
+        if backend == "postgres" {
+            let other = Service::start(&url, pool_size);
+            push_rows.push((
+                backend,
+                "another instance",
+                push_latency(&addr, &other.addr, &token, &orders, PUSH_SAMPLES),
+            ));
+        }
         drop(service);
 
         let ratio = |run: &Run| Some(run.rate() / baseline_rate);
@@ -517,10 +634,32 @@ fn main() {
             "load_generator_cpu_ms_per_request": row.cpu.map(|c| c.1),
         }));
     }
+    println!(
+        "\npush: from a plan's 201 to a waiting reader's answer (`wait=30`), {PUSH_SAMPLES} plans one at a time\n"
+    );
+    println!("| backend | reader on | plans seen | p50 ms | p99 ms | max ms | not seen |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let mut json_push = Vec::new();
+    for (backend, reader, run) in &push_rows {
+        println!(
+            "| {backend} | {reader} | {} | {:.2} | {:.2} | {:.2} | {} |",
+            run.latencies.len(),
+            ms(run.percentile(0.5)),
+            ms(run.percentile(0.99)),
+            ms(run.percentile(1.0)),
+            run.errors
+        );
+        json_push.push(json!({
+            "backend": backend, "reader_on": reader, "seen": run.latencies.len(),
+            "p50_ms": ms(run.percentile(0.5)), "p99_ms": ms(run.percentile(0.99)),
+            "max_ms": ms(run.percentile(1.0)), "not_seen": run.errors,
+        }));
+    }
     let report = json!({
         "concurrency": options.concurrency,
         "duration_seconds": options.duration.as_secs(),
         "rows": json_rows,
+        "push": json_push,
     });
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-intake.json");
     match std::fs::write(
