@@ -97,7 +97,7 @@ fn feed_invariant(conn: &mut DbConn) -> Result<String, String> {
         Ok(()) => Ok("every stored position is behind the next write's".to_owned()),
         Err((highest, next)) => Err(format!(
             "a stored feed position ({highest}) is not behind the next write's ({next}): \
-             restored into another cluster? New receipts would sort before readers' cursors"
+             new receipts would sort before readers' cursors"
         )),
     }
 }

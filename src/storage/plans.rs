@@ -372,8 +372,8 @@ pub fn feed_page(
 
 /// The feed's invariant: every stored position is behind what the next
 /// write would get, so new receipts sort after every cursor already handed
-/// out. `Err((highest stored, next))` when broken (Postgres: a dump restored
-/// into a cluster whose transaction ids are lower). SQLite orders by `id`,
+/// out. `Err((highest stored, next))` when broken (Postgres: positions
+/// written past this cluster's base, say by hand). SQLite orders by `id`,
 /// which AUTOINCREMENT never reuses.
 pub fn feed_invariant(conn: &mut DbConn) -> QueryResult<Result<(), (i64, i64)>> {
     #[derive(QueryableByName)]
@@ -388,7 +388,8 @@ pub fn feed_invariant(conn: &mut DbConn) -> QueryResult<Result<(), (i64, i64)>> 
     };
     let found = diesel::sql_query(
         "SELECT COALESCE(MAX(feed_xid), 0) AS highest,
-                pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next
+                pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+                    + plan_intake_feed_base(false) AS next
            FROM plans",
     )
     .get_result::<Positions>(pg)?;
