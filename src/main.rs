@@ -13,7 +13,7 @@ use plan_intake::config::{
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
 use plan_intake::storage::{
-    Database, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
+    Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,
 };
 use plan_intake::{logins, serve, verify};
 
@@ -42,6 +42,9 @@ struct DatabaseArgs {
     /// postgres://…, postgresql://…, sqlite://PATH or a plain SQLite path
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
     database_url: String,
+    /// What sits between this process and Postgres: none, or a transaction-mode pooler (PgBouncer pool_mode = transaction)
+    #[arg(long, env = "PLAN_INTAKE_PG_POOLER", value_enum, default_value_t = PgPooler::None, global = true)]
+    pg_pooler: PgPooler,
 }
 
 #[derive(Subcommand)]
@@ -85,6 +88,9 @@ enum Command {
         /// Every request that touches the database is answered within this many ms (503 + Retry-After when it cannot finish)
         #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(100..=600_000))]
         request_timeout_ms: u64,
+        /// Postgres URL for the connection that listens for other instances' writes (to wake waiting feed readers); needed behind a transaction-mode pooler, which cannot carry LISTEN
+        #[arg(long, env = "PLAN_INTAKE_FEED_LISTEN_URL")]
+        feed_listen_url: Option<String>,
         /// HTTP worker threads (default: one per CPU)
         #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
         workers: Option<u16>,
@@ -228,6 +234,7 @@ fn run(command: Command) -> Result<(), String> {
             sqlite_busy_timeout_ms,
             shutdown_timeout_secs,
             request_timeout_ms,
+            feed_listen_url,
             workers,
         } => serve::run(ServeConfig {
             bind,
@@ -238,6 +245,8 @@ fn run(command: Command) -> Result<(), String> {
                 sqlite_busy_timeout: Duration::from_millis(sqlite_busy_timeout_ms),
                 request_timeout: Some(Duration::from_millis(request_timeout_ms)),
                 feed_listener: true,
+                feed_listen_url,
+                pg_pooler: db.pg_pooler,
             },
             http: HttpConfig {
                 body_limit,
@@ -253,10 +262,8 @@ fn run(command: Command) -> Result<(), String> {
             workers: workers.map(usize::from),
         })
         .map_err(|e| e.to_string()),
-        Command::Migrate { db, action } => {
-            migrate(&db.database_url, action).map_err(|e| e.to_string())
-        }
-        Command::Logins { db, action } => manage_logins(&db.database_url, action),
+        Command::Migrate { db, action } => migrate(&db, action).map_err(|e| e.to_string()),
+        Command::Logins { db, action } => manage_logins(&db, action),
         Command::Verify { db } => match verify::run(&db.database_url)? {
             0 => Ok(()),
             failed => Err(format!("{failed} verify check(s) failed")),
@@ -269,18 +276,25 @@ fn run(command: Command) -> Result<(), String> {
 }
 
 fn open_single(
-    url: &str,
+    db: &DatabaseArgs,
     migrate: MigrateOnOpen,
 ) -> Result<plan_intake::storage::PooledConn, StorageError> {
     let options = PoolOptions {
         max_size: 1,
+        pg_pooler: db.pg_pooler,
         ..PoolOptions::default()
     };
-    Database::open(url, &options, migrate)?.conn()
+    Database::open(&db.database_url, &options, migrate)?.conn()
 }
 
-fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
-    let mut conn = open_single(url, MigrateOnOpen::Skip)?;
+fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError> {
+    let changes_schema = matches!(action, MigrateAction::Run | MigrateAction::Revert { .. });
+    if changes_schema && db.pg_pooler == PgPooler::Transaction {
+        return Err(StorageError::Config(
+            "`migrate run` and `migrate revert` hold a session-level lock, which a transaction-mode pooler does not keep: connect directly to Postgres for migrations".to_owned(),
+        ));
+    }
+    let mut conn = open_single(db, MigrateOnOpen::Skip)?;
     let conn: &mut DbConn = &mut conn;
     match action {
         MigrateAction::Run => {
@@ -343,9 +357,14 @@ fn migrate(url: &str, action: MigrateAction) -> Result<(), StorageError> {
     Ok(())
 }
 
-fn manage_logins(url: &str, action: LoginsAction) -> Result<(), String> {
-    // Logins live in the migrated schema; a fresh database is made ready first.
-    let mut conn = open_single(url, MigrateOnOpen::Apply).map_err(|e| e.to_string())?;
+fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), String> {
+    // Logins live in the migrated schema; a fresh database is made ready
+    // first (directly; through a transaction pooler it must be migrated).
+    let migrate = match db.pg_pooler {
+        PgPooler::None => MigrateOnOpen::Apply,
+        PgPooler::Transaction => MigrateOnOpen::RequireNonePending,
+    };
+    let mut conn = open_single(db, migrate).map_err(|e| e.to_string())?;
     match action {
         LoginsAction::Add { name, permissions } => {
             let token =

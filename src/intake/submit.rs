@@ -10,7 +10,7 @@ use super::{IdempotencyKey, Login, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::{Metrics, UnknownCommitBranch};
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
-use crate::storage::plans::{self, BatchFailure, NewPlan, PlanRow};
+use crate::storage::plans::{self, BatchFailure, NewPlan, PlanRow, Written};
 use crate::storage::{Database, DbConn, PooledConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +145,14 @@ impl Intake {
                 None => self.db.conn_within(deadline)?,
             };
             let failure = match self.db.write_plan(&mut conn, &plan, key.as_str(), deadline) {
-                Ok(row) => return Ok(accepted(Outcome::Created, row)),
+                Ok(Written::Created(row)) => return Ok(accepted(Outcome::Created, row)),
+                // A committed key row, found by a read: nothing was written.
+                Ok(Written::KeyHeld {
+                    request_hash,
+                    plan: row,
+                }) => {
+                    return replay_or_refuse(&request_hash, &plan, row);
+                }
                 Err(failure) => failure,
             };
             let log = Attempt {

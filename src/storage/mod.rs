@@ -16,7 +16,8 @@ mod pool;
 pub use errors::StorageError;
 pub use feed_signal::FeedSignal;
 pub use pool::{
-    Backend, DatabaseTarget, DbConn, DbPool, Manager, PoolOptions, PooledConn, build_pool, redact,
+    Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
+    build_pool, redact,
 };
 
 use std::sync::Arc;
@@ -54,6 +55,11 @@ impl Database {
     ) -> Result<Self, StorageError> {
         let target = DatabaseTarget::parse(url)?;
         let backend = target.backend();
+        if options.pg_pooler == PgPooler::Transaction && migrate == MigrateOnOpen::Apply {
+            return Err(StorageError::Config(
+                "migrations hold a session-level lock, which a transaction-mode pooler does not keep: run `plan-intake migrate run` with a DATABASE_URL that reaches Postgres directly, and start the service with --no-migrate".to_owned(),
+            ));
+        }
         let manager = Manager::new(target, options);
         let mut conn = manager.connect().map_err(|e| {
             StorageError::unavailable(format!("cannot connect to {backend} at {}", redact(url)), e)
@@ -80,7 +86,13 @@ impl Database {
         drop(conn);
         let feed = FeedSignal::default();
         if let (true, DatabaseTarget::Postgres(url)) = (options.feed_listener, manager.target()) {
-            feed.listen(pool::with_libpq_defaults(url));
+            match (&options.feed_listen_url, options.pg_pooler) {
+                (Some(direct), _) => feed.listen(pool::with_libpq_defaults(direct)),
+                (None, PgPooler::None) => feed.listen(pool::with_libpq_defaults(url)),
+                (None, PgPooler::Transaction) => tracing::info!(
+                    "no --feed-listen-url: waiting feed readers wake on this instance's writes, and re-read every half second for other instances'"
+                ),
+            }
         }
         Ok(Self {
             feed,
@@ -149,27 +161,56 @@ impl Database {
     }
 
     /// Writes a plan and its key row, both or neither, waiting for locks no
-    /// longer than the deadline allows. Postgres: one statement on `conn`.
-    /// SQLite: through the group-commit queue, which hands the write lock on
-    /// at once and commits many plans with one fsync instead of leaving
-    /// writers to SQLite's busy handler (see `group_commit`).
+    /// longer than the deadline allows — unless the key row is already
+    /// committed, which is answered from a read with nothing written.
+    /// Postgres: one statement on `conn` does both. SQLite: the read on
+    /// `conn` (local, no write lock), then the group-commit queue, which
+    /// hands the write lock on at once and commits many plans with one fsync
+    /// instead of leaving writers to SQLite's busy handler (see
+    /// `group_commit`).
     pub fn write_plan(
         &self,
         conn: &mut DbConn,
         plan: &plans::NewPlan,
         idempotency_key: &str,
         deadline: &Deadline,
-    ) -> Result<plans::PlanRow, plans::WriteFailure> {
+    ) -> Result<plans::Written, plans::WriteFailure> {
         let written = match conn {
-            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key, deadline),
+            DbConn::Sqlite(lite) => {
+                let held = plans::find_key_sqlite(lite, &plan.maker, idempotency_key)
+                    .map_err(|error| plans::WriteFailure::new(error, false))?;
+                match held {
+                    Some((request_hash, plan)) => {
+                        Ok(plans::Written::KeyHeld { request_hash, plan })
+                    }
+                    None => self
+                        .writers
+                        .write(lite, plan, idempotency_key, deadline)
+                        .map(plans::Written::Created),
+                }
+            }
             DbConn::Postgres(pg) => {
                 plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
             }
         };
-        if written.is_ok() {
+        if let Ok(plans::Written::Created(_)) = written {
             self.feed.bump();
         }
         written
+    }
+
+    /// The write step alone, as a concurrent writer whose read came before
+    /// the key row was committed reaches it (SQLite; for tests of what the
+    /// write leaves behind when the unique index refuses it).
+    #[doc(hidden)]
+    pub fn write_after_missed_read(
+        &self,
+        lite: &mut diesel::SqliteConnection,
+        plan: &plans::NewPlan,
+        idempotency_key: &str,
+        deadline: &Deadline,
+    ) -> Result<plans::PlanRow, plans::WriteFailure> {
+        self.writers.write(lite, plan, idempotency_key, deadline)
     }
 
     /// The signal that wakes readers waiting on the feed.

@@ -8,7 +8,7 @@ use super::schema::{intake_keys, plans};
 use crate::with_conn;
 
 /// A plan row as stored. Every column, so the whole row can be compared.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = plans)]
 pub struct PlanRow {
     pub id: i64,
@@ -143,50 +143,68 @@ impl BatchFailure {
     }
 }
 
-diesel::define_sql_function! {
-    /// Postgres: the two-row write (migration `…_plan_intake_write_timed`).
-    /// A function call through the DSL is prepared once per connection.
-    #[allow(clippy::too_many_arguments)]
-    fn plan_intake_write(
-        receipt_id: diesel::sql_types::Text,
-        maker: diesel::sql_types::Text,
-        run_id: diesel::sql_types::Text,
-        content_hash: diesel::sql_types::Text,
-        request_hash: diesel::sql_types::Text,
-        content: diesel::sql_types::Text,
-        approved_inputs: diesel::sql_types::Text,
-        permissions: diesel::sql_types::Text,
-        received_at: diesel::sql_types::Timestamp,
-        idempotency_key: diesel::sql_types::Text,
-        lock_timeout_ms: diesel::sql_types::Integer,
-    ) -> diesel::sql_types::BigInt;
+/// What a write found or made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// This attempt wrote the plan and its key row.
+    Created(PlanRow),
+    /// The key row was already committed: nothing was written. Its request
+    /// hash and the plan it points at decide replay or refusal.
+    KeyHeld { request_hash: String, plan: PlanRow },
 }
 
-/// Postgres: writes the plan row and its key row atomically with one
-/// statement, `SELECT plan_intake_write(…)`, outside any explicit
-/// transaction: one round trip, both rows or neither, and a unique violation
-/// on either fails the whole call. Its locks wait at most `lock_timeout_ms`.
+/// One row of `plan_intake_write`: the key's request hash, the plan, and
+/// whether the key row was found rather than written.
+#[derive(QueryableByName)]
+struct WriteRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    key_found: bool,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    key_request_hash: String,
+    #[diesel(embed)]
+    plan: PlanRow,
+}
+
+/// Postgres: `SELECT * FROM plan_intake_write(…)`, one statement outside any
+/// explicit transaction, one round trip for every outcome (migration
+/// `…_plan_intake_write_reads_first`): a committed key row is answered from
+/// a read, without writing; otherwise both rows are written, both or
+/// neither, and a unique violation on either fails the whole call. Its
+/// locks wait at most `lock_timeout_ms`.
 pub(super) fn write_postgres(
     pg: &mut diesel::PgConnection,
     plan: &NewPlan,
     idempotency_key: &str,
     lock_timeout_ms: u32,
-) -> Result<PlanRow, WriteFailure> {
-    diesel::select(plan_intake_write(
-        &plan.receipt_id,
-        &plan.maker,
-        &plan.run_id,
-        &plan.content_hash,
-        &plan.request_hash,
-        &plan.content,
-        &plan.approved_inputs,
-        &plan.permissions,
-        plan.received_at,
-        idempotency_key,
-        i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX),
-    ))
-    .get_result::<i64>(pg)
-    .map(|plan_id| plan.stored_as(plan_id))
+) -> Result<Written, WriteFailure> {
+    use diesel::sql_types::{Integer, Text, Timestamp};
+    diesel::sql_query(
+        "SELECT key_found, key_request_hash, id, receipt_id, maker, run_id, content_hash,
+                request_hash, content, approved_inputs, permissions, received_at
+           FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind::<Text, _>(&plan.receipt_id)
+    .bind::<Text, _>(&plan.maker)
+    .bind::<Text, _>(&plan.run_id)
+    .bind::<Text, _>(&plan.content_hash)
+    .bind::<Text, _>(&plan.request_hash)
+    .bind::<Text, _>(&plan.content)
+    .bind::<Text, _>(&plan.approved_inputs)
+    .bind::<Text, _>(&plan.permissions)
+    .bind::<Timestamp, _>(plan.received_at)
+    .bind::<Text, _>(idempotency_key)
+    .bind::<Integer, _>(i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX))
+    .get_result::<WriteRow>(pg)
+    .map(|row| {
+        if row.key_found {
+            Written::KeyHeld {
+                request_hash: row.key_request_hash,
+                plan: row.plan,
+            }
+        } else {
+            Written::Created(row.plan)
+        }
+    })
     .map_err(|error| {
         let mut failure = WriteFailure::new(error, true);
         // The statement commits itself: once sent, its outcome is unknown
@@ -226,6 +244,22 @@ pub(super) fn insert_both_rows(
         })
         .execute(c)?;
     Ok(row)
+}
+
+/// SQLite: [`find_by_key`] on a concrete connection, for the write path's
+/// read-first step.
+pub(super) fn find_key_sqlite(
+    c: &mut diesel::SqliteConnection,
+    maker: &str,
+    idempotency_key: &str,
+) -> QueryResult<Option<(String, PlanRow)>> {
+    intake_keys::table
+        .inner_join(plans::table)
+        .filter(intake_keys::maker.eq(maker))
+        .filter(intake_keys::idempotency_key.eq(idempotency_key))
+        .select((intake_keys::request_hash, PlanRow::as_select()))
+        .first(c)
+        .optional()
 }
 
 /// The key row's request hash and the plan it points at.

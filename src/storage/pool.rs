@@ -130,6 +130,23 @@ pub struct PoolOptions {
     /// Postgres: keep one connection listening for other instances' writes,
     /// to wake readers waiting on the feed (the service; not the CLI).
     pub feed_listener: bool,
+    /// Where that listener connects, when not the database URL (which
+    /// cannot carry `LISTEN` through a transaction-mode pooler).
+    pub feed_listen_url: Option<String>,
+    /// What sits between the service and Postgres.
+    pub pg_pooler: PgPooler,
+}
+
+/// A connection pooler in front of Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PgPooler {
+    /// Straight to Postgres (or a session-mode pooler).
+    #[default]
+    None,
+    /// A transaction-mode pooler (PgBouncer `pool_mode = transaction`): the
+    /// service keeps no named prepared statement and sets no session state;
+    /// each statement may run on another server connection.
+    Transaction,
 }
 
 pub const DEFAULT_MAX_SIZE: u32 = 8;
@@ -144,6 +161,8 @@ impl Default for PoolOptions {
             sqlite_busy_timeout: DEFAULT_SQLITE_BUSY_TIMEOUT,
             request_timeout: None,
             feed_listener: false,
+            feed_listen_url: None,
+            pg_pooler: PgPooler::None,
         }
     }
 }
@@ -189,6 +208,7 @@ pub struct Manager {
     target: DatabaseTarget,
     sqlite_busy_timeout: Duration,
     request_timeout: Option<Duration>,
+    pg_pooler: PgPooler,
 }
 
 impl Manager {
@@ -197,6 +217,7 @@ impl Manager {
             target,
             sqlite_busy_timeout: options.sqlite_busy_timeout,
             request_timeout: options.request_timeout,
+            pg_pooler: options.pg_pooler,
         }
     }
 
@@ -214,6 +235,14 @@ impl ManageConnection for Manager {
             DatabaseTarget::Postgres(url) => {
                 let mut conn = PgConnection::establish(&with_libpq_defaults(url))
                     .map_err(r2d2::Error::ConnectionError)?;
+                if self.pg_pooler == PgPooler::Transaction {
+                    // Unnamed statements only (parse, bind and execute in one
+                    // message sequence), and no session settings: the next
+                    // statement may run on another server connection. The
+                    // write's lock timeout is set inside its own statement.
+                    conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+                    return Ok(DbConn::Postgres(conn));
+                }
                 if let Some(limit) = self.request_timeout {
                     let ms = limit.as_millis().max(1);
                     conn.batch_execute(&format!(

@@ -127,3 +127,59 @@ async fn a_lock_held_past_the_deadline_answers_503_in_time_then_each_key_lands_o
     }
     app.assert_rows(WRITERS as i64, WRITERS as i64);
 }
+
+on_both_backends!(a_replay_is_answered_from_a_read_while_writes_are_locked_out);
+
+/// A replay whose key row is committed costs a read, not a write: with the
+/// write lock held elsewhere (Postgres: `LOCK TABLE plans IN EXCLUSIVE
+/// MODE`, which lets reads through; SQLite: another connection's `BEGIN
+/// IMMEDIATE`), the replay and the reused key are answered at once while a
+/// new plan waits out its deadline.
+async fn a_replay_is_answered_from_a_read_while_writes_are_locked_out(db: TestDb) {
+    let (backend, url) = (db.backend, db.url.clone());
+    let app = TestApp::with(
+        db,
+        AppOptions {
+            request_timeout: DEADLINE,
+            ..AppOptions::default()
+        },
+    );
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+    let first = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let holder = match backend {
+        Backend::Postgres => {
+            let mut session = PgConnection::establish(&url).expect("connect");
+            session
+                .batch_execute("BEGIN; LOCK TABLE plans IN EXCLUSIVE MODE;")
+                .expect("lock out writers");
+            Holder::Postgres(session)
+        }
+        Backend::Sqlite => Holder::take(backend, &url),
+    };
+    let started = Instant::now();
+    let replay = send(&service, post_plan(&token, "k", &body)).await;
+    assert_eq!(replay.status, StatusCode::OK, "{:?}", replay.body);
+    assert_eq!(replay.body["receipt_id"], first.body["receipt_id"]);
+    let reused = send(
+        &service,
+        post_plan(&token, "k", &plan_body("run-1", "other")),
+    )
+    .await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        started.elapsed() < DEADLINE / 2,
+        "the replay waited for the write lock"
+    );
+    let new = send(&service, post_plan(&token, "k2", &plan_body("run-2", "x"))).await;
+    assert_eq!(
+        new.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a new plan needs the write lock"
+    );
+    holder.release();
+    app.assert_rows(1, 1);
+}

@@ -270,10 +270,19 @@ async fn claimed_permissions_and_maker_are_ignored(db: TestDb) {
     assert_eq!(peek.status, StatusCode::NOT_FOUND);
 }
 
-/// PITFALLS #1: were the key row's unique violation swallowed inside the
-/// transaction, Postgres would turn COMMIT into ROLLBACK and diesel would
-/// still report success: this call would return a plan that was never kept.
+/// Were the key row's unique violation swallowed inside the transaction,
+/// Postgres would turn COMMIT into ROLLBACK and diesel would still report
+/// success: the call would return a plan that was never kept, or (SQLite)
+/// keep a plan without its key. The write is reached here as a concurrent
+/// writer reaches it: its read missed a key row committed just after.
 async fn a_key_conflict_leaves_no_plan_row_behind(db: TestDb) {
+    match db.backend {
+        plan_intake::storage::Backend::Sqlite => key_conflict_on_sqlite(db).await,
+        plan_intake::storage::Backend::Postgres => key_conflict_on_postgres(db).await,
+    }
+}
+
+async fn key_conflict_on_sqlite(db: TestDb) {
     let app = TestApp::new(db);
     let token = app.login("planner-a", PLANNER);
     let service = app.service().await;
@@ -283,43 +292,64 @@ async fn a_key_conflict_leaves_no_plan_row_behind(db: TestDb) {
     )
     .await;
     assert_eq!(first.status, StatusCode::CREATED);
-
-    let mut conn = app.conn();
-    let plan = app
-        .stored(first.body["receipt_id"].as_str().unwrap_or_default())
-        .map(|row| plan_intake::storage::plans::NewPlan {
-            receipt_id: "rcpt_second_attempt".to_owned(),
-            maker: row.maker,
-            run_id: "run-2".to_owned(),
-            content_hash: "blake3:other".to_owned(),
-            request_hash: "blake3:other".to_owned(),
-            content: row.content,
-            approved_inputs: row.approved_inputs,
-            permissions: row.permissions,
-            received_at: row.received_at,
-        })
-        .expect("first plan");
+    let mut plan = crate::support::competing_plan("planner-a", &plan_body("run-2", "x"));
+    plan.request_hash = "blake3:other".to_owned();
     let deadline = plan_intake::deadline::Deadline::after(std::time::Duration::from_secs(10));
-    let result = app.direct.write_plan(&mut conn, &plan, "key-1", &deadline);
+    let mut conn = app.conn();
+    let plan_intake::storage::DbConn::Sqlite(lite) = &mut *conn else {
+        unreachable!("a SQLite scratch database")
+    };
+    let result = app
+        .direct
+        .write_after_missed_read(lite, &plan, "key-1", &deadline);
     assert!(
         matches!(&result, Err(f) if plan_intake::storage::errors::is_unique_violation(&f.error)),
-        "the key conflict must leave the transaction as an error, got {result:?}"
+        "the key conflict must come back as an error, got {result:?}"
+    );
+    app.assert_rows(1, 1);
+}
+
+async fn key_conflict_on_postgres(db: TestDb) {
+    let (direct_url, schema) = (db.url.clone(), db.schema.clone().unwrap_or_default());
+    let url = db.postgres_url_with(&[]);
+    let app = TestApp::with(
+        db,
+        crate::support::AppOptions {
+            url: Some(url),
+            ..Default::default()
+        },
+    );
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    // Another transaction holds key-1 (uncommitted): our read misses it, our
+    // plan row goes in, and our key row waits on the unique index.
+    let mut holder =
+        crate::support::hold_plan_and_key(&direct_url, "", "rcpt_holder", "holder-run", "key-1");
+    let waiting = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
+    );
+    let commit_the_holder = async {
+        crate::support::wait_until("our key row waits on the holder's", || {
+            crate::support::scalar(&mut app.conn(), &waiting) == 1
+        })
+        .await;
+        use diesel::connection::SimpleConnection;
+        holder.batch_execute("COMMIT").expect("the holder commits");
+    };
+    let (answer, ()) = futures_util::join!(
+        send(
+            &service,
+            post_plan(&token, "key-1", &plan_body("run-1", "x"))
+        ),
+        commit_the_holder
     );
     assert_eq!(
-        app.count("plans"),
-        1,
-        "the plan row of the failed transaction was kept"
+        answer.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        answer.body
     );
-    assert_eq!(app.count("intake_keys"), 1);
-
-    // Through the service the same conflict is a 422, and nothing is added.
-    let reused = send(
-        &service,
-        post_plan(&token, "key-1", &plan_body("run-2", "x")),
-    )
-    .await;
-    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(app.count("plans"), 1);
+    app.assert_rows(1, 1);
 }
 
 fn without_outcome(receipt: &Value) -> Value {

@@ -12,6 +12,7 @@ mod group_commit;
 mod hostile;
 mod intake;
 mod operations;
+mod pooler;
 mod privilege;
 mod processes;
 mod schema;

@@ -2,6 +2,7 @@
 //! Postgres schema, built by the real migrations and removed on drop.
 
 pub mod cluster;
+pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 
@@ -35,7 +36,7 @@ pub fn postgres_base_url() -> String {
 
 /// Whether Postgres answers; checked once per test run. Skipping is loud,
 /// and a failure when `PLAN_INTAKE_REQUIRE_POSTGRES` is set.
-fn postgres_available() -> bool {
+pub fn postgres_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| match PgConnection::establish(&postgres_base_url()) {
         Ok(_) => true,

@@ -177,8 +177,11 @@ impl Session {
                     let mut parts = message[5..].split(|b| *b == 0);
                     let name = parts.next().unwrap_or_default().to_vec();
                     let sql = String::from_utf8_lossy(parts.next().unwrap_or_default());
+                    // A name (the unnamed one included) is reused by the next Parse.
                     if sql.contains("plan_intake_write") {
                         writing_statements.insert(name);
+                    } else {
+                        writing_statements.remove(&name);
                     }
                 }
                 // Bind: portal name, then statement name.

@@ -1,0 +1,3 @@
+-- Postgres only: the write function reads a committed key row first.
+-- SQLite reads it first in the service (a local read, no write lock).
+SELECT 1;
