@@ -305,8 +305,101 @@ struct Service {
     addr: String,
 }
 
+/// A PgBouncer in transaction mode in front of a database of its own
+/// (created, migrated and given a login directly; dropped afterwards).
+struct Bouncer {
+    url: String,
+    token: String,
+    database: String,
+    admin_url: String,
+    pid_file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Bouncer {
+    fn start(postgres_url: &str) -> Option<Self> {
+        let admin_url = postgres_url
+            .split_once('?')
+            .map_or(postgres_url, |(b, _)| b)
+            .to_owned();
+        let database = format!("bench_pgb_{}", std::process::id());
+        let mut admin = PgConnection::establish(&admin_url).ok()?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {database}"))
+            .ok()?;
+        let direct = format!("{}/{database}", &admin_url[..admin_url.rfind('/')?]);
+        let db = Database::open(&direct, &PoolOptions::default(), MigrateOnOpen::Apply).ok()?;
+        let token =
+            plan_intake::logins::create(&mut *db.conn().ok()?, "bench", &[Permission::PlansSubmit])
+                .ok()?;
+        drop(db);
+        let dir = tempfile::tempdir().ok()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("users.txt"), "\"postgres\" \"\"\n").ok()?;
+        std::fs::write(
+            path("pgbouncer.ini"),
+            format!(
+                "[databases]\n{database} = host=127.0.0.1 port=5432 dbname={database}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\npool_mode = transaction\nmax_client_conn = 400\ndefault_pool_size = 20\npidfile = {}\nlogfile = {}\n",
+                path("users.txt").display(),
+                path("pgbouncer.pid").display(),
+                path("pgbouncer.log").display(),
+            ),
+        )
+        .ok()?;
+        Command::new("chown")
+            .args(["-R", "postgres", &dir.path().display().to_string()])
+            .status()
+            .ok()?;
+        let started = Command::new("pgbouncer")
+            .args(["-d", "-u", "postgres"])
+            .arg(path("pgbouncer.ini"))
+            .status();
+        if !started.is_ok_and(|s| s.success()) {
+            eprintln!("pgbouncer did not start: PgBouncer scenarios skipped");
+            return None;
+        }
+        for _ in 0..500 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        Some(Self {
+            url: format!("postgres://postgres@127.0.0.1:{port}/{database}"),
+            token,
+            database,
+            admin_url,
+            pid_file: path("pgbouncer.pid"),
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
+            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+        }
+        if let Ok(mut admin) = PgConnection::establish(&self.admin_url) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.database
+            ));
+        }
+    }
+}
+
 impl Service {
     fn start(url: &str, pool_size: u32) -> Self {
+        Self::start_with(url, pool_size, &[])
+    }
+
+    fn start_with(url: &str, pool_size: u32, extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .args([
                 "serve",
@@ -315,6 +408,7 @@ impl Service {
                 "--pool-size",
                 &pool_size.to_string(),
             ])
+            .args(extra)
             .env("DATABASE_URL", url)
             .env("PLAN_INTAKE_LOG", "warn,plan_intake::serve=info")
             .stdout(Stdio::null())
@@ -466,6 +560,40 @@ fn main() {
         );
         let baseline_rate = baseline.rate();
 
+        // The database's own ceiling for the service's write: the same call
+        // the service makes (`Database::write_plan`), without HTTP.
+        let ceiling_db = db.clone();
+        let ceiling = drive(
+            options.concurrency,
+            options.duration,
+            |_| (),
+            move |_, client, sequence| {
+                let Ok(mut conn) = ceiling_db.conn() else {
+                    return false;
+                };
+                let plan = NewPlan {
+                    receipt_id: format!("rcpt_ceil_{client}_{sequence}"),
+                    maker: "bench".to_owned(),
+                    run_id: format!("ceil-{client}-{sequence}"),
+                    content_hash: format!("blake3:ceil-{client}-{sequence}"),
+                    request_hash: format!("blake3:ceil-{client}-{sequence}"),
+                    content: r#"{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}"#.to_owned(),
+                    approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#.to_owned(),
+                    permissions: r#"["plans:submit"]"#.to_owned(),
+                    received_at: plan_intake::intake::submit::now_micros(),
+                };
+                let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
+                ceiling_db
+                    .write_plan(
+                        &mut conn,
+                        &plan,
+                        &format!("ceil-{client}-{sequence}"),
+                        &deadline,
+                    )
+                    .is_ok()
+            },
+        );
+
         let service = Service::start(&url, pool_size);
         let addr = service.addr.clone();
         let client = |_: usize| {
@@ -564,6 +692,60 @@ fn main() {
             cpu: None,
             run: baseline,
         });
+        rows.push(Row {
+            backend,
+            scenario: "the service's write, no HTTP (ceiling)",
+            rss_mib: None,
+            ratio: ratio(&ceiling),
+            cpu: None,
+            run: ceiling,
+        });
+        if backend == "postgres"
+            && let Some(bouncer) = Bouncer::start(&options.postgres_url)
+        {
+            for instances in [1usize, 4] {
+                let fleet: Vec<Service> = (0..instances)
+                    .map(|_| {
+                        Service::start_with(
+                            &bouncer.url,
+                            pool_size,
+                            &["--no-migrate", "--pg-pooler", "transaction"],
+                        )
+                    })
+                    .collect();
+                let addrs: Vec<String> = fleet.iter().map(|s| s.addr.clone()).collect();
+                let t = bouncer.token.clone();
+                let run = drive(
+                    options.concurrency,
+                    options.duration,
+                    client,
+                    move |agent, c, s| {
+                        let key = format!("pgb{instances}-{c}-{s}");
+                        post(
+                            agent,
+                            &addrs[c % addrs.len()],
+                            &t,
+                            &key,
+                            &body(&key),
+                            &[201],
+                        )
+                    },
+                );
+                let rss = fleet.iter().map(Service::peak_rss_mib).fold(0.0, f64::max);
+                rows.push(Row {
+                    backend,
+                    scenario: if instances == 1 {
+                        "new plans, PgBouncer, 1 instance"
+                    } else {
+                        "new plans, PgBouncer, 4 instances"
+                    },
+                    rss_mib: Some(rss),
+                    ratio: ratio(&run),
+                    cpu: None,
+                    run,
+                });
+            }
+        }
         rows.push(Row {
             backend,
             scenario: "new plans",
