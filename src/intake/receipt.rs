@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::body::ApprovedInput;
 use crate::storage::plans::PlanRow;
 
-/// The receipt exactly as the SPEC shows it. `outcome` is present only in
+/// The receipt as the HTTP contract shows it. `outcome` is present only in
 /// answers to `POST /v1/plans`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Receipt {

@@ -1,4 +1,4 @@
-//! Who may do what: 401, 403 and 404 as the SPEC sets them, and nothing
+//! Who may do what: 401, 403 and 404 as the HTTP contract sets them, and nothing
 //! written for any 4xx.
 
 use actix_web::http::StatusCode;

@@ -65,7 +65,7 @@ where
     }
 }
 
-/// Polls the feed until it holds `count` receipts (the SPEC lets a receipt
+/// Polls the feed until it holds `count` receipts (a receipt may
 /// appear a moment after its 201). Fails after 20 s.
 async fn settle<S>(service: &S, token: &str, count: usize)
 where

@@ -1,4 +1,5 @@
-//! `POST /v1/plans`: every outcome of the SPEC table, on both backends.
+//! `POST /v1/plans`: every outcome (created, replayed, already received,
+//! key reused, refused), on both backends.
 
 use actix_web::http::StatusCode;
 use futures_util::future::join_all;

@@ -179,7 +179,7 @@ async fn readyz_is_503_with_a_pending_migration_and_200_after_migrate_run(db: Te
     );
 }
 
-/// Every route and status of the SPEC, and the headers that carry meaning.
+/// Every route and status the service answers, and the headers that carry meaning.
 const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     (
         "/v1/plans",
