@@ -21,7 +21,8 @@ use plan_intake::{logins, serve, verify};
 #[command(
     name = "plan-intake",
     version,
-    about = "Takes plans from planner services and keeps each one exactly once"
+    about = "Takes plans from planner services and keeps each one exactly once",
+    arg_required_else_help = true
 )]
 struct Cli {
     /// Log format on stderr
@@ -54,7 +55,7 @@ enum Command {
         #[command(flatten)]
         db: DatabaseArgs,
         /// Address to listen on
-        #[arg(long, env = "PLAN_INTAKE_BIND", default_value = DEFAULT_BIND)]
+        #[arg(long, env = "PLAN_INTAKE_BIND", default_value = DEFAULT_BIND, value_parser = parse_bind)]
         bind: String,
         /// Refuse to start while migrations are pending instead of applying them
         #[arg(long)]
@@ -99,6 +100,7 @@ enum Command {
         shutdown_timeout_secs: u64,
     },
     /// Apply or inspect migrations
+    #[command(arg_required_else_help = true)]
     Migrate {
         #[command(flatten)]
         db: DatabaseArgs,
@@ -117,6 +119,7 @@ enum Command {
         db: DatabaseArgs,
     },
     /// Manage logins (the only way to create one)
+    #[command(arg_required_else_help = true)]
     Logins {
         #[command(flatten)]
         db: DatabaseArgs,
@@ -174,22 +177,22 @@ enum LoginsAction {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            // One clear line, not clap's usage block.
-            let rendered = e.to_string();
-            let line = rendered
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("plan-intake: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(2);
-        }
+        // clap's own message, whole: what is wrong, the allowed values, the
+        // usage (or the help, for a bare command); exit 2. --help and
+        // --version go to stdout with exit 0.
         Err(e) => {
             let _ = e.print();
-            return ExitCode::SUCCESS;
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
-    init_tracing(cli.log_format);
+    if let Err(message) = init_tracing(cli.log_format) {
+        eprintln!("plan-intake: {message}");
+        return ExitCode::from(2);
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -199,15 +202,33 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PLAN_INTAKE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logging to stderr; an unreadable `PLAN_INTAKE_LOG` is refused, not ignored.
+fn init_tracing(format: LogFormat) -> Result<(), String> {
+    let filter = match std::env::var("PLAN_INTAKE_LOG") {
+        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text)
+            .map_err(|e| format!("PLAN_INTAKE_LOG `{text}` is not a tracing filter: {e}"))?,
+        Err(_) => tracing_subscriber::EnvFilter::new("info"),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    Ok(())
+}
+
+/// An address to listen on that resolves: `HOST:PORT`.
+fn parse_bind(text: &str) -> Result<String, String> {
+    use std::net::ToSocketAddrs;
+    let resolves = text
+        .to_socket_addrs()
+        .is_ok_and(|mut addrs| addrs.next().is_some());
+    if resolves {
+        Ok(text.to_owned())
+    } else {
+        Err("must be HOST:PORT, e.g. 127.0.0.1:8080".to_owned())
     }
 }
 

@@ -21,6 +21,17 @@ pub enum ServeError {
     Server(std::io::Error),
 }
 
+/// SQLite: the database file's absolute path (a relative default resolved
+/// from another directory would silently be another database); else "-".
+fn sqlite_file(url: &str) -> String {
+    match crate::storage::DatabaseTarget::parse(url) {
+        Ok(crate::storage::DatabaseTarget::Sqlite(path)) => std::fs::canonicalize(&path)
+            .map(|p| p.display().to_string())
+            .unwrap_or(path),
+        _ => "-".to_owned(),
+    }
+}
+
 /// Opens the database (migrating first unless told not to), then serves
 /// until the process is stopped.
 pub fn run(config: ServeConfig) -> Result<(), ServeError> {
@@ -33,6 +44,7 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
     tracing::info!(
         backend = %db.backend,
         database = %crate::storage::redact(&config.database_url),
+        file = %sqlite_file(&config.database_url),
         bind = %config.bind,
         "plan-intake starting"
     );

@@ -178,3 +178,49 @@ crate::on_both_backends_sync!(
     bad_input_is_one_line_and_a_non_zero_exit,
     serve_no_migrate_refuses_a_database_with_pending_migrations,
 );
+
+/// What a new user meets: a bare command prints its help; clap's message
+/// stays whole (the missing argument named, the allowed values listed); a
+/// bad address or log filter stops with exit 2 before anything is opened.
+#[test]
+fn the_command_line_explains_itself() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().expect("dir");
+        let out = Command::new(BIN)
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(dir.path())
+            .output()
+            .expect("run");
+        let created = std::fs::read_dir(dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        (out, created)
+    };
+    for bare in [&[][..], &["migrate"][..], &["logins"][..]] {
+        let (out, _) = run(bare, &[]);
+        assert_eq!(out.status.code(), Some(2), "{bare:?}");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            text.contains("Usage:") && text.contains("Commands:"),
+            "{bare:?}: {text}"
+        );
+    }
+    let (out, _) = run(&["logins", "add", "x"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--permission"));
+    let (out, _) = run(&["--log-format", "yaml", "verify"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("text") && stderr.contains("json"),
+        "{stderr}"
+    );
+    let (out, created) = run(&["serve", "--bind", "nonsense"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--bind"));
+    assert_eq!(created, 0, "nothing opened for a bad address");
+    let (out, created) = run(&["migrate", "status"], &[("PLAN_INTAKE_LOG", "a=b=c[")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PLAN_INTAKE_LOG"));
+    assert_eq!(created, 0);
+}
