@@ -56,7 +56,10 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
         // flight finish (up to the shutdown timeout), then `run` returns and
         // the pool is dropped, closing its connections.
+        // TCP_NODELAY: a small answer (a receipt, a long-polled feed page)
+        // goes out at once instead of waiting for the client's delayed ACK.
         let mut server = HttpServer::new(move || http::app(state.clone()))
+            .tcp_nodelay(true)
             .shutdown_timeout(config.shutdown_timeout_secs);
         if let Some(workers) = config.workers {
             server = server.workers(workers);
