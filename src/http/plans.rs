@@ -21,7 +21,6 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
     request_body(content = PlanRequest, content_type = "application/json"),
     params(
         ("Idempotency-Key" = String, Header, pattern = r#"^([!-~]{1,255}|"([ !#-\[\]-~]|\\["\\])+")$"#, description = "1-255 visible ASCII characters, bare or as an RFC 8941 string; the same for every retry of one request"),
-        ("Content-Type" = String, Header, description = "application/json"),
     ),
     security(("bearer" = [])),
     responses(

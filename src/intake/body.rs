@@ -43,7 +43,10 @@ impl RunId {
     }
 }
 
+/// One approved input: nothing but `id` and an optional `digest` (other
+/// fields are refused, and the OpenAPI document says so).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ApprovedInput {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
