@@ -350,6 +350,7 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
             None => eprintln!("no applied migrations"),
         },
         MigrateAction::Revert { yes } => {
+            migrations::require_owner(conn, "migrate revert")?;
             let Some((name, sql)) = migrations::revert_sql(conn)? else {
                 eprintln!("no applied migrations");
                 return Ok(());
