@@ -390,12 +390,17 @@ pub fn feed_page(
 ) -> QueryResult<(Vec<(i64, PlanRow)>, Horizon)> {
     let horizon = feed_horizon(conn)?;
     let below = horizon.below.unwrap_or(i64::MAX);
+    // A row comparison, which both backends turn into one range on
+    // `plans_feed_ix`; the equivalent `a > x OR (a = x AND b > y)` made
+    // Postgres's generic plan scan the index from its start (30 ms at 60k
+    // plans, growing with the table).
+    let past_cursor = diesel::dsl::sql::<diesel::sql_types::Bool>("(feed_xid, id) > (")
+        .bind::<diesel::sql_types::BigInt, _>(after.xid)
+        .sql(", ")
+        .bind::<diesel::sql_types::BigInt, _>(after.id)
+        .sql(")");
     let rows = with_conn!(conn, c => plans::table
-        .filter(
-            plans::feed_xid
-                .gt(after.xid)
-                .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
-        )
+        .filter(past_cursor.clone())
         .filter(plans::feed_xid.lt(below))
         .order((plans::feed_xid.asc(), plans::id.asc()))
         .limit(limit)
