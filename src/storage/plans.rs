@@ -390,22 +390,39 @@ pub fn feed_page(
 ) -> QueryResult<(Vec<(i64, PlanRow)>, Horizon)> {
     let horizon = feed_horizon(conn)?;
     let below = horizon.below.unwrap_or(i64::MAX);
-    // A row comparison, which both backends turn into one range on
-    // `plans_feed_ix`; the equivalent `a > x OR (a = x AND b > y)` made
-    // Postgres's generic plan scan the index from its start (30 ms at 60k
-    // plans, growing with the table).
-    let past_cursor = diesel::dsl::sql::<diesel::sql_types::Bool>("(feed_xid, id) > (")
-        .bind::<diesel::sql_types::BigInt, _>(after.xid)
-        .sql(", ")
-        .bind::<diesel::sql_types::BigInt, _>(after.id)
-        .sql(")");
-    let rows = with_conn!(conn, c => plans::table
-        .filter(past_cursor.clone())
-        .filter(plans::feed_xid.lt(below))
-        .order((plans::feed_xid.asc(), plans::id.asc()))
-        .limit(limit)
-        .select((plans::feed_xid, PlanRow::as_select()))
-        .load(c))?;
+    use diesel::sql_types::{BigInt, Bool};
+    let rows = match conn {
+        // A row comparison: one range on `plans_feed_ix` in every plan. The
+        // equivalent `a > x OR (a = x AND b > y)` made Postgres's generic
+        // plan scan the index from its start (30 ms at 60k plans, growing
+        // with the table).
+        DbConn::Postgres(pg) => plans::table
+            .filter(
+                diesel::dsl::sql::<Bool>("(feed_xid, id) > (")
+                    .bind::<BigInt, _>(after.xid)
+                    .sql(", ")
+                    .bind::<BigInt, _>(after.id)
+                    .sql(")"),
+            )
+            .filter(plans::feed_xid.lt(below))
+            .order((plans::feed_xid.asc(), plans::id.asc()))
+            .limit(limit)
+            .select((plans::feed_xid, PlanRow::as_select()))
+            .load(pg)?,
+        // SQLite plans this form as a range on the index; there feed_xid
+        // is 0 and the order is id's.
+        DbConn::Sqlite(lite) => plans::table
+            .filter(
+                plans::feed_xid
+                    .gt(after.xid)
+                    .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
+            )
+            .filter(plans::feed_xid.lt(below))
+            .order((plans::feed_xid.asc(), plans::id.asc()))
+            .limit(limit)
+            .select((plans::feed_xid, PlanRow::as_select()))
+            .load(lite)?,
+    };
     Ok((rows, horizon))
 }
 
