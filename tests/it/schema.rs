@@ -12,6 +12,7 @@ use crate::on_both_backends;
 use crate::support::{TestApp, TestDb};
 
 on_both_backends!(
+    each_migration_reverts_to_the_schema_before_it,
     live_names_equal_the_pinned_names,
     the_table_refuses_a_blank_run_written_around_the_service,
     migrations_run_from_empty_in_order,
@@ -70,6 +71,58 @@ async fn migrations_run_from_empty_in_order(db: TestDb) {
     migrations::run_pending(&mut conn).expect("migrate from empty");
     assert_eq!(migrations::applied(&mut conn).expect("applied"), expected);
     assert!(migrations::pending(&mut conn).expect("pending").is_empty());
+}
+
+/// Each migration on its own, in order: its `down.sql` brings back exactly
+/// the schema before its `up.sql`, and `up.sql` again the schema after; a
+/// broken pair is named.
+async fn each_migration_reverts_to_the_schema_before_it(db: TestDb) {
+    use diesel_migrations::MigrationHarness;
+    let database = db.open_with(MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    let step = |conn: &mut DbConn, up: bool, name: &str| -> String {
+        let done = match (&mut *conn, up) {
+            (DbConn::Postgres(pg), true) => pg
+                .run_next_migration(migrations::POSTGRES)
+                .map(|v| v.to_string()),
+            (DbConn::Postgres(pg), false) => pg
+                .revert_last_migration(migrations::POSTGRES)
+                .map(|v| v.to_string()),
+            (DbConn::Sqlite(lite), true) => lite
+                .run_next_migration(migrations::SQLITE)
+                .map(|v| v.to_string()),
+            (DbConn::Sqlite(lite), false) => lite
+                .revert_last_migration(migrations::SQLITE)
+                .map(|v| v.to_string()),
+        };
+        done.unwrap_or_else(|e| {
+            panic!(
+                "{name}: {} fails: {e}",
+                if up { "up.sql" } else { "down.sql" }
+            )
+        })
+    };
+    for name in MIGRATION_HISTORY {
+        let before = dump_schema(&mut conn);
+        let version = step(&mut conn, true, name);
+        assert!(
+            name.replace('-', "").starts_with(&version),
+            "{name} ran as {version}"
+        );
+        let after = dump_schema(&mut conn);
+        step(&mut conn, false, name);
+        assert_eq!(
+            dump_schema(&mut conn),
+            before,
+            "{name}: down.sql does not undo up.sql"
+        );
+        step(&mut conn, true, name);
+        assert_eq!(
+            dump_schema(&mut conn),
+            after,
+            "{name}: up.sql run again differs"
+        );
+    }
 }
 
 async fn up_down_up_leaves_the_same_schema(db: TestDb) {
@@ -137,7 +190,11 @@ fn dump_schema(conn: &mut DbConn) -> Vec<String> {
                FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
              UNION ALL
              SELECT indexdef FROM pg_indexes
-              WHERE schemaname = current_schema() AND tablename <> '__diesel_schema_migrations'"
+              WHERE schemaname = current_schema() AND tablename <> '__diesel_schema_migrations'
+             UNION ALL
+             SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM pg_trigger t
+               JOIN pg_class c ON c.oid = t.tgrelid
+              WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal"
         }
         DbConn::Sqlite(_) => {
             "SELECT type || ' ' || name || ' ' || coalesce(sql, '') AS line FROM sqlite_master
