@@ -105,25 +105,12 @@ pub fn revoke(conn: &mut DbConn, name: &str, at: NaiveDateTime) -> QueryResult<b
 /// Refuses, in one line, a role that may not change logins (the service's
 /// role may only read them). SQLite has no roles.
 pub fn require_admin(conn: &mut DbConn, command: &'static str) -> Result<(), StorageError> {
-    #[derive(QueryableByName)]
-    struct Flag {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        flag: bool,
-    }
-    let DbConn::Postgres(pg) = conn else {
-        return Ok(());
-    };
-    let may = diesel::sql_query(
-        "SELECT has_table_privilege('logins', 'INSERT') AND has_table_privilege('logins', 'UPDATE') AS flag",
-    )
-    .get_result::<Flag>(pg)?
-    .flag;
-    if may {
-        Ok(())
-    } else {
-        Err(StorageError::NeedsOwner {
+    match conn {
+        DbConn::Postgres(pg) => super::migrations::require(
+            pg,
             command,
-            role: super::migrations::current_role(pg)?,
-        })
+            "SELECT has_table_privilege('logins', 'INSERT') AND has_table_privilege('logins', 'UPDATE') AS flag",
+        ),
+        DbConn::Sqlite(_) => Ok(()),
     }
 }

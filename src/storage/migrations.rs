@@ -95,14 +95,23 @@ pub fn require_owner(conn: &mut DbConn, command: &'static str) -> Result<(), Sto
     let DbConn::Postgres(pg) = conn else {
         return Ok(());
     };
-    let may = diesel::sql_query(
+    require(
+        pg,
+        command,
         "SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false)
             AND COALESCE((SELECT pg_has_role(current_user, c.relowner, 'USAGE')
                             FROM pg_class c WHERE c.oid = to_regclass('plans')), true) AS flag",
     )
-    .get_result::<Flag>(pg)?
-    .flag;
-    if may {
+}
+
+/// Runs `may_sql` (one boolean column `flag`); false refuses `command` in
+/// one line naming the role.
+pub(super) fn require(
+    pg: &mut diesel::PgConnection,
+    command: &'static str,
+    may_sql: &str,
+) -> Result<(), StorageError> {
+    if diesel::sql_query(may_sql).get_result::<Flag>(pg)?.flag {
         Ok(())
     } else {
         Err(StorageError::NeedsOwner {
