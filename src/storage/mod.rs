@@ -78,8 +78,11 @@ impl Database {
             }
             MigrateOnOpen::Skip => {}
         }
+        // The service (which writes plans; not the command line tools, which
+        // may run as a role that only reads) records this cluster's feed
+        // base before its first write.
         if let DbConn::Postgres(pg) = &mut conn
-            && migrate != MigrateOnOpen::Skip
+            && options.feed_listener
         {
             plans::record_feed_base(pg)?;
         }

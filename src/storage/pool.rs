@@ -127,8 +127,9 @@ pub struct PoolOptions {
     /// outlives a request by more than one deadline even if the service
     /// stops waiting for it. `None` (the command line tools): no limit.
     pub request_timeout: Option<Duration>,
-    /// Postgres: keep one connection listening for other instances' writes,
-    /// to wake readers waiting on the feed (the service; not the CLI).
+    /// The service, not a command line tool: on Postgres, record this
+    /// cluster's feed base at open, and keep one connection listening for
+    /// other instances' writes to wake readers waiting on the feed.
     pub feed_listener: bool,
     /// Where that listener connects, when not the database URL (which
     /// cannot carry `LISTEN` through a transaction-mode pooler).
