@@ -99,7 +99,7 @@ pub enum Refusals {
     /// The login lacks the permission this route needs
     #[response(status = 403, content_type = "application/problem+json")]
     Forbidden(Problem),
-    /// Database unavailable, retries exhausted, or COMMIT outcome unknown: retry (with the same key)
+    /// Database unavailable, retries exhausted, COMMIT outcome unknown, or the request's deadline passed: retry (with the same key)
     #[response(status = 503, content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds to wait")))]
     Unavailable(Problem),
