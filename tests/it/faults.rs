@@ -199,15 +199,7 @@ async fn a_statement_cancelled_during_commit_is_an_unknown_outcome() {
     let Some(scratch) = TestDb::postgres() else {
         return;
     };
-    let schema = scratch.schema.clone().unwrap_or_default();
-    let url = scratch.postgres_url_with(&[]);
-    let app = TestApp::with(
-        scratch,
-        AppOptions {
-            url: Some(url),
-            ..AppOptions::default()
-        },
-    );
+    let (app, schema) = TestApp::named(scratch);
     crate::support::execute_batch(
         &mut app.conn(),
         "CREATE SEQUENCE slow_commit_seq;
@@ -503,15 +495,7 @@ async fn a_statement_cancelled_while_writing_is_retried() {
     let Some(scratch) = TestDb::postgres() else {
         return;
     };
-    let schema = scratch.schema.clone().unwrap_or_default();
-    let url = scratch.postgres_url_with(&[]);
-    let app = TestApp::with(
-        scratch,
-        AppOptions {
-            url: Some(url),
-            ..AppOptions::default()
-        },
-    );
+    let (app, schema) = TestApp::named(scratch);
     install(
         &app,
         "CREATE SEQUENCE slow_once_seq;
@@ -599,15 +583,7 @@ async fn connections_the_server_closed_are_replaced_without_a_failed_request() {
     let Some(scratch) = TestDb::postgres() else {
         return;
     };
-    let schema = scratch.schema.clone().unwrap_or_default();
-    let url = scratch.postgres_url_with(&[]);
-    let app = TestApp::with(
-        scratch,
-        AppOptions {
-            url: Some(url),
-            ..AppOptions::default()
-        },
-    );
+    let (app, schema) = TestApp::named(scratch);
     let token = app.login("planner-a", PLANNER);
     let service = app.service().await;
     // Fill the pool with several open connections.

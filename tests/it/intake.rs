@@ -311,15 +311,8 @@ async fn key_conflict_on_sqlite(db: TestDb) {
 }
 
 async fn key_conflict_on_postgres(db: TestDb) {
-    let (direct_url, schema) = (db.url.clone(), db.schema.clone().unwrap_or_default());
-    let url = db.postgres_url_with(&[]);
-    let app = TestApp::with(
-        db,
-        crate::support::AppOptions {
-            url: Some(url),
-            ..Default::default()
-        },
-    );
+    let direct_url = db.url.clone();
+    let (app, schema) = TestApp::named(db);
     let token = app.login("planner-a", PLANNER);
     let service = app.service().await;
     // Another transaction holds key-1 (uncommitted): our read misses it, our

@@ -201,6 +201,17 @@ macro_rules! on_both_backends_sync {
     )*};
 }
 
+/// Another service instance's write path over `url` (its own pool and feed
+/// listener), opened without migrating unless `migrate` says otherwise.
+pub fn instance(url: &str, migrate: MigrateOnOpen) -> Intake {
+    let options = PoolOptions {
+        feed_listener: true,
+        ..PoolOptions::default()
+    };
+    let db = Database::open(url, &options, migrate).expect("open the instance's database");
+    Intake::new(db, RetryPolicy::default(), Metrics::new())
+}
+
 /// The service's routes over a migrated scratch database, with helpers to
 /// create logins and count rows.
 pub struct TestApp {
@@ -216,6 +227,22 @@ pub struct TestApp {
 impl TestApp {
     pub fn new(scratch: TestDb) -> Self {
         Self::with(scratch, AppOptions::default())
+    }
+
+    /// A Postgres app whose service sessions carry the scratch schema as
+    /// `application_name`, so a test can find them in `pg_stat_activity`;
+    /// and that name.
+    pub fn named(scratch: TestDb) -> (Self, String) {
+        let schema = scratch.schema.clone().expect("a Postgres scratch database");
+        let url = scratch.postgres_url_with(&[]);
+        let app = Self::with(
+            scratch,
+            AppOptions {
+                url: Some(url),
+                ..AppOptions::default()
+            },
+        );
+        (app, schema)
     }
 
     pub fn with(scratch: TestDb, options: AppOptions) -> Self {
