@@ -177,21 +177,22 @@ impl Intake {
                 FailureClass::UnknownOutcome => {
                     drop(conn);
                     tracing::warn!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "COMMIT outcome unknown; re-reading");
-                    // Ok(None): nothing under the key, so it did not land.
+                    // Err(error): nothing under the key, so it did not land.
                     match self.settle_unknown_commit(&log, &plan, failure.error, deadline)? {
-                        Some(accepted) => return Ok(accepted),
-                        None if deadline.passed() => {
+                        Ok(accepted) => return Ok(accepted),
+                        Err(_) if deadline.passed() => {
                             return Err(
                                 StorageError::DeadlineExceeded("writing the plan again").into()
                             );
                         }
-                        None if reinsert_allowed || attempt < self.retry.max_attempts => {
+                        Err(_) if reinsert_allowed || attempt < self.retry.max_attempts => {
                             reinsert_allowed = false;
                         }
-                        None => {
-                            return Err(
-                                StorageError::DeadlineExceeded("writing the plan again").into()
-                            );
+                        Err(last) => {
+                            return Err(SubmitError::RetriesExhausted {
+                                attempts: attempt,
+                                last,
+                            });
                         }
                     }
                 }
@@ -268,14 +269,14 @@ impl Intake {
 
     /// After a COMMIT whose outcome is unknown: re-read by (maker, key) on a
     /// fresh connection and compare the whole row with the one this attempt
-    /// wrote, never just an id.
+    /// wrote, never just an id. `Ok(Err(commit_error))`: it did not land.
     fn settle_unknown_commit(
         &self,
         log: &Attempt<'_>,
         plan: &NewPlan,
         commit_error: diesel::result::Error,
         deadline: &Deadline,
-    ) -> Result<Option<Accepted>, SubmitError> {
+    ) -> Result<Result<Accepted, diesel::result::Error>, SubmitError> {
         let Attempt {
             login,
             key,
@@ -295,18 +296,18 @@ impl Intake {
                     }),
                 )
             }
-            Ok(None) => (UnknownCommitBranch::NotLanded, Ok(None)),
+            Ok(None) => (UnknownCommitBranch::NotLanded, Ok(Err(commit_error))),
             Ok(Some((request_hash, row)))
                 if request_hash == plan.request_hash && plan.is_stored_as(&row) =>
             {
                 (
                     UnknownCommitBranch::Landed,
-                    Ok(Some(accepted(Outcome::Created, row))),
+                    Ok(Ok(accepted(Outcome::Created, row))),
                 )
             }
             Ok(Some((request_hash, row))) => (
                 UnknownCommitBranch::OtherRow,
-                replay_or_refuse(&request_hash, plan, row).map(Some),
+                replay_or_refuse(&request_hash, plan, row).map(Ok),
             ),
         };
         self.metrics.unknown_commit(branch);
