@@ -329,9 +329,12 @@ impl Bouncer {
             .ok()?;
         let direct = format!("{}/{database}", &admin_url[..admin_url.rfind('/')?]);
         let db = Database::open(&direct, &PoolOptions::default(), MigrateOnOpen::Apply).ok()?;
-        let token =
-            plan_intake::logins::create(&mut *db.conn().ok()?, "bench", &[Permission::PlansSubmit])
-                .ok()?;
+        let token = plan_intake::intake::login::create(
+            &mut *db.conn().ok()?,
+            "bench",
+            &[Permission::PlansSubmit],
+        )
+        .ok()?;
         drop(db);
         let dir = tempfile::tempdir().ok()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -530,7 +533,7 @@ fn main() {
         .expect("open the benchmark database");
         let token = {
             let mut conn = db.conn().expect("connection");
-            plan_intake::logins::create(&mut conn, "bench", &[Permission::PlansSubmit])
+            plan_intake::intake::login::create(&mut conn, "bench", &[Permission::PlansSubmit])
                 .expect("login")
         };
 
@@ -665,8 +668,12 @@ fn main() {
 
         let orders = {
             let mut conn = db.conn().expect("connection");
-            plan_intake::logins::create(&mut conn, "bench-orders", &[Permission::ReceiptsRead])
-                .expect("login")
+            plan_intake::intake::login::create(
+                &mut conn,
+                "bench-orders",
+                &[Permission::ReceiptsRead],
+            )
+            .expect("login")
         };
         push_rows.push((
             backend,

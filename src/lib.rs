@@ -5,7 +5,6 @@ pub mod config;
 pub mod deadline;
 pub mod http;
 pub mod intake;
-pub mod logins;
 pub mod metrics;
 pub mod serve;
 pub mod storage;

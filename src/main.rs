@@ -10,12 +10,13 @@ use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT, HttpConfig,
     ServeConfig,
 };
+use plan_intake::intake::login as logins;
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,
 };
-use plan_intake::{logins, serve, verify};
+use plan_intake::{serve, verify};
 
 #[derive(Parser)]
 #[command(

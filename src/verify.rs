@@ -158,7 +158,7 @@ fn one_winner(url: &str) -> Result<String, String> {
     let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
         .map_err(|e| e.to_string())?;
     let mut conn = db.conn().map_err(|e| e.to_string())?;
-    crate::logins::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])
+    crate::intake::login::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])
         .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let mut contenders = Contenders(Vec::new());

@@ -7,7 +7,6 @@ use actix_web::{HttpMessage, HttpRequest};
 use super::observe::LoggedMaker;
 use super::{ApiError, AppState};
 use crate::intake::{Login, Permission};
-use crate::logins::{self, LoginError};
 
 const MAX_TOKEN_BYTES: usize = 256;
 
@@ -15,12 +14,9 @@ pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, 
     let token = bearer_token(req)?.to_owned();
     let deadline = super::deadline::of(req, state);
     let found = state
-        .blocking(
-            deadline,
-            move |intake| -> Result<Option<Login>, LoginError> {
-                Ok(logins::authenticate(&intake.db, &deadline, &token)?.0)
-            },
-        )
+        .blocking(deadline, move |intake| {
+            intake.authenticate(&deadline, &token)
+        })
         .await;
     match found {
         Ok(Some(login)) => {

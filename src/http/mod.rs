@@ -114,7 +114,7 @@ pub async fn readyz(
 ) -> Result<HttpResponse, ApiError> {
     let deadline = deadline::of(&req, &state);
     state
-        .blocking(deadline, move |intake| intake.db.readiness(&deadline))
+        .blocking(deadline, move |intake| intake.readiness(&deadline))
         .await
         .map_err(|e| match e {
             ApiError::Internal(cause) => ApiError::Unavailable(cause),
@@ -127,13 +127,10 @@ pub async fn readyz(
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let db = &state.intake.db;
-    let pool = db.pool.state();
-    let metrics = &state.intake.metrics;
-    metrics.set_pool(pool.connections, pool.idle_connections, db.waiters());
+    state.intake.record_pool_gauges();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(metrics.render())
+        .body(state.intake.metrics.render())
 }
 
 async fn not_found() -> Result<HttpResponse, ApiError> {

@@ -5,11 +5,10 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::observe::{LoggedKey, LoggedMaker};
 use super::problem::{NotYours, Problem, Refusals};
-use super::receipts::readable_plan;
+use super::receipts::readable;
 use super::{ApiError, AppState, auth};
 use crate::intake::body::PlanRequest;
 use crate::intake::{IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
-use crate::logins;
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -62,20 +61,22 @@ async fn submit(
     // the write: half the pool traffic of two.
     let (maker, accepted) = state
         .blocking(deadline, move |intake| -> Result<_, ApiError> {
-            let (login, conn) = logins::authenticate(&intake.db, &deadline, &token)?;
-            let login = login.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
-            let written = auth::require(&login, Permission::PlansSubmit)
+            let caller = intake
+                .sign_in(&deadline, &token)?
+                .ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
+            let maker = caller.login.name.clone();
+            let written = auth::require(&caller.login, Permission::PlansSubmit)
                 .and(door)
                 .and_then(|(key, submission)| {
-                    Ok(intake.submit_on(conn, &login, &key, &submission, &deadline)?)
+                    Ok(intake.submit_as(caller, &key, &submission, &deadline)?)
                 });
-            Ok((login.name, written))
+            Ok((maker, written))
         })
         .await?;
     // The login was found: the log line names its maker, whatever came next.
     req.extensions_mut().insert(LoggedMaker(maker));
     let accepted = accepted?;
-    let receipt = Receipt::from_row(&accepted.plan, Some(accepted.outcome.as_str()))?;
+    let receipt = accepted.receipt()?;
     let response = match accepted.outcome {
         Outcome::Created => HttpResponse::Created()
             .insert_header((
@@ -103,8 +104,14 @@ pub async fn get_plan(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let row = readable_plan(&req, &state, path.into_inner()).await?;
-    Ok(HttpResponse::Ok().json(PlanView::from_row(&row)?))
+    let plan = readable(
+        &req,
+        &state,
+        path.into_inner(),
+        |intake, login, id, deadline| intake.plan(login, id, deadline),
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(plan))
 }
 
 /// Every check that needs no database: key, media type, size, body.

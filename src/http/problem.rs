@@ -6,10 +6,9 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
-use crate::intake::SubmitError;
 use crate::intake::body::{BodyError, FieldError};
-use crate::logins::LoginError;
-use crate::storage::StorageError;
+use crate::intake::receipt::CorruptRow;
+use crate::intake::{ReadError, SubmitError};
 
 pub const PROBLEM_BASE: &str = "https://plan-intake.dev/problems/";
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -237,22 +236,14 @@ impl ResponseError for ApiError {
     }
 }
 
-/// Every storage failure reaches callers as a 503 (retry with the same
-/// key), never with its text: a read has nothing to refuse.
-impl From<StorageError> for ApiError {
-    fn from(error: StorageError) -> Self {
+/// A read that could not answer is a 503 (retry), never with its text; a
+/// stored row that cannot be read back is a 500.
+impl From<ReadError> for ApiError {
+    fn from(error: ReadError) -> Self {
         match error {
-            StorageError::DeadlineExceeded(_) => ApiError::Timeout(Box::new(error)),
-            other => ApiError::Unavailable(Box::new(other)),
-        }
-    }
-}
-
-impl From<LoginError> for ApiError {
-    fn from(error: LoginError) -> Self {
-        match error {
-            LoginError::Storage(e) => e.into(),
-            other => ApiError::Internal(Box::new(other)),
+            ReadError::TimedOut(_) => ApiError::Timeout(Box::new(error)),
+            ReadError::Unavailable(_) => ApiError::Unavailable(Box::new(error)),
+            ReadError::Corrupt(_) => ApiError::Internal(Box::new(error)),
         }
     }
 }
@@ -263,7 +254,7 @@ impl From<SubmitError> for ApiError {
         match error {
             SubmitError::KeyReused => ApiError::KeyReused,
             SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
-            SubmitError::Storage(e) => e.into(),
+            e if e.deadline_passed() => ApiError::Timeout(Box::new(e)),
             e @ SubmitError::Canonical(_) => ApiError::Internal(Box::new(e)),
             e => ApiError::Unavailable(Box::new(e)),
         }
@@ -279,8 +270,8 @@ impl From<BodyError> for ApiError {
     }
 }
 
-impl From<crate::intake::receipt::CorruptRow> for ApiError {
-    fn from(error: crate::intake::receipt::CorruptRow) -> Self {
+impl From<CorruptRow> for ApiError {
+    fn from(error: CorruptRow) -> Self {
         ApiError::Internal(Box::new(error))
     }
 }

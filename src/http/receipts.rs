@@ -4,8 +4,9 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use super::problem::{NotYours, Problem, Refusals};
 use super::{ApiError, AppState, auth};
-use crate::intake::{Login, Permission, PlanView, Receipt, feed};
-use crate::storage::plans::{self, FeedPosition, PlanRow};
+use crate::deadline::Deadline;
+use crate::intake::feed::{self, Cursor, FeedEntry};
+use crate::intake::{Intake, Login, Permission, ReadError, Receipt};
 
 #[utoipa::path(get, path = "/v1/receipts/{receipt_id}", tag = "reading",
     params(("receipt_id" = String, Path, description = "The receipt id")),
@@ -19,8 +20,14 @@ pub async fn get_receipt(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let row = readable_plan(&req, &state, path.into_inner()).await?;
-    Ok(HttpResponse::Ok().json(Receipt::from_row(&row, None)?))
+    let receipt = readable(
+        &req,
+        &state,
+        path.into_inner(),
+        |intake, login, id, deadline| intake.receipt(login, id, deadline),
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(receipt))
 }
 
 #[derive(serde::Deserialize)]
@@ -30,15 +37,6 @@ struct FeedQuery {
     limit: Option<String>,
     expand: Option<String>,
     wait: Option<String>,
-}
-
-/// One entry of a feed page: the receipt, or with `expand=plan` the whole
-/// plan (its receipt, approved inputs and content).
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[serde(untagged)]
-pub enum FeedEntry {
-    Receipt(Receipt),
-    Plan(PlanView),
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -83,40 +81,21 @@ pub async fn list_receipts(
     let after = match query.after.as_deref() {
         Some(feed::NOW) => {
             let end = state
-                .blocking(deadline, move |intake| {
-                    intake.db.read(&deadline, plans::feed_end)
-                })
+                .blocking(deadline, move |intake| intake.feed_end(&deadline))
                 .await?;
             return Ok(HttpResponse::Ok().json(FeedPage {
                 receipts: Vec::new(),
-                next: feed::encode(end),
+                next: end.encode(),
             }));
         }
-        Some(cursor) => feed::decode(cursor).map_err(ApiError::BadQuery)?,
-        None => FeedPosition::default(),
+        Some(cursor) => Cursor::decode(cursor).map_err(ApiError::BadQuery)?,
+        None => Cursor::default(),
     };
     let wait = feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
-    let rows = read_or_wait(&state, after, limit, wait, deadline).await?;
-    let next = rows
-        .last()
-        .map(|(xid, row)| FeedPosition {
-            xid: *xid,
-            id: row.id,
-        })
-        .unwrap_or(after);
-    let receipts = rows
-        .iter()
-        .map(|(_, row)| -> Result<FeedEntry, ApiError> {
-            Ok(if expand {
-                FeedEntry::Plan(PlanView::from_row(row)?)
-            } else {
-                FeedEntry::Receipt(Receipt::from_row(row, None)?)
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let page = read_or_wait(&state, after, limit, expand, wait, deadline).await?;
     Ok(HttpResponse::Ok().json(FeedPage {
-        receipts,
-        next: feed::encode(next),
+        receipts: page.entries,
+        next: page.next.encode(),
     }))
 }
 
@@ -127,46 +106,45 @@ pub async fn list_receipts(
 /// one back).
 async fn read_or_wait(
     state: &AppState,
-    after: FeedPosition,
+    after: Cursor,
     limit: i64,
+    expand: bool,
     wait: std::time::Duration,
-    mut deadline: crate::deadline::Deadline,
-) -> Result<Vec<(i64, PlanRow)>, ApiError> {
+    mut deadline: Deadline,
+) -> Result<feed::Page, ApiError> {
     const RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
     let until = std::time::Instant::now() + wait;
-    let mut changes = state.intake.db.feed_signal().subscribe();
+    let mut changes = state.intake.feed_changes();
     let metrics = &state.intake.metrics;
     loop {
         changes.borrow_and_update();
-        let (rows, horizon) = state
+        let page = state
             .blocking(deadline, move |intake| {
-                intake
-                    .db
-                    .read(&deadline, |conn| plans::feed_page(conn, after, limit))
+                intake.feed_page(after, limit, expand, &deadline)
             })
             .await?;
-        metrics.set_feed_lag(horizon.lag_seconds);
         let left = until.saturating_duration_since(std::time::Instant::now());
-        if !rows.is_empty() || left.is_zero() {
-            return Ok(rows);
+        if !page.entries.is_empty() || left.is_zero() {
+            return Ok(page);
         }
         let _waiting = metrics.feed_reader_waiting();
         if let Ok(Ok(())) = actix_web::rt::time::timeout(left.min(RECHECK), changes.changed()).await
         {
             metrics.feed_wakeup();
         }
-        deadline = crate::deadline::Deadline::after(state.http.request_timeout);
+        deadline = Deadline::after(state.http.request_timeout);
     }
 }
 
-/// The plan behind `receipt_id` if the caller may see it: `receipts:read`
-/// sees every plan, a planner only its own. Anything else is a 404, so a
-/// planner cannot learn that another maker's receipt exists.
-pub(super) async fn readable_plan(
+/// Reads something by receipt id for an authenticated caller who may read
+/// receipts at all; what it may see is the domain's rule. Not visible: 404,
+/// the same as not there.
+pub(super) async fn readable<T: Send + 'static>(
     req: &HttpRequest,
     state: &AppState,
     receipt_id: String,
-) -> Result<PlanRow, ApiError> {
+    read: impl FnOnce(&Intake, &Login, &str, &Deadline) -> Result<Option<T>, ReadError> + Send + 'static,
+) -> Result<T, ApiError> {
     let login = auth::authenticate(req, state).await?;
     if !login.has(Permission::ReceiptsRead) && !login.has(Permission::PlansSubmit) {
         return Err(ApiError::Forbidden(format!(
@@ -175,20 +153,10 @@ pub(super) async fn readable_plan(
         )));
     }
     let deadline = super::deadline::of(req, state);
-    let row = state
+    state
         .blocking(deadline, move |intake| {
-            intake
-                .db
-                .read(&deadline, |conn| plans::find_by_receipt(conn, &receipt_id))
+            read(intake, &login, &receipt_id, &deadline)
         })
-        .await?;
-    match row {
-        Some(row) if may_read(&login, &row) => Ok(row),
-        _ => Err(ApiError::NotFound),
-    }
-}
-
-fn may_read(login: &Login, row: &PlanRow) -> bool {
-    login.has(Permission::ReceiptsRead)
-        || (login.has(Permission::PlansSubmit) && row.maker == login.name)
+        .await?
+        .ok_or(ApiError::NotFound)
 }

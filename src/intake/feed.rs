@@ -1,6 +1,42 @@
-//! The receipts feed's opaque cursor.
+//! The receipts feed: its opaque cursor, its entries and the bounds on a
+//! reader's page and wait.
 
+use super::receipt::{PlanView, Receipt};
 use crate::storage::plans::FeedPosition;
+
+/// A place in the feed, handed to readers as an opaque string. The default
+/// is the start of the feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursor(pub(crate) FeedPosition);
+
+impl Cursor {
+    /// Opaque to readers: hex of `v1:{feed_xid}:{id}`.
+    pub fn encode(self) -> String {
+        encode(self.0)
+    }
+
+    /// A cursor this service issued, or a message saying it is not one.
+    pub fn decode(cursor: &str) -> Result<Self, String> {
+        decode(cursor).map(Cursor)
+    }
+}
+
+/// One entry of a feed page: the receipt, or with `expand=plan` the whole
+/// plan (its receipt, approved inputs and content).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum FeedEntry {
+    Receipt(Receipt),
+    Plan(PlanView),
+}
+
+/// A page of the feed and the cursor after it (the cursor sent, when the
+/// page is empty).
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub entries: Vec<FeedEntry>,
+    pub next: Cursor,
+}
 
 pub const DEFAULT_LIMIT: i64 = 100;
 pub const MAX_LIMIT: i64 = 1000;
@@ -8,15 +44,14 @@ const VERSION: &str = "v1";
 /// `after=now`: start at the current end of the feed.
 pub const NOW: &str = "now";
 
-/// Opaque to readers: hex of `v1:{feed_xid}:{id}`.
-pub fn encode(position: FeedPosition) -> String {
+fn encode(position: FeedPosition) -> String {
     format!("{VERSION}:{}:{}", position.xid, position.id)
         .bytes()
         .map(|b| format!("{b:02x}"))
         .collect()
 }
 
-pub fn decode(cursor: &str) -> Result<FeedPosition, String> {
+fn decode(cursor: &str) -> Result<FeedPosition, String> {
     let invalid = || "`after` is not a cursor this service issued".to_owned();
     if !cursor.len().is_multiple_of(2) || cursor.len() > 128 {
         return Err(invalid());

@@ -1,8 +1,18 @@
-//! Who is calling, and what they may do. Both come from the login, never
-//! from the request body.
+//! Logins: who is calling and what they may do (both come from the login,
+//! never from the request body), and the login's life: created, listed,
+//! rotated and revoked by the command line, found by token hash on every
+//! request. A token is shown once and stored only as its hash.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
+
+use crate::deadline::Deadline;
+use crate::storage::logins::{self as repo, LoginRow, NewLogin};
+use crate::storage::{Database, DbConn, PooledConn, StorageError};
+
+pub const MAX_NAME_CHARS: usize = 64;
+const TOKEN_PREFIX: &str = "pit_";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Permission {
@@ -29,14 +39,19 @@ impl fmt::Display for Permission {
     }
 }
 
-impl FromStr for Permission {
-    type Err = String;
+/// A permission name this service does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown permission `{0}`: use plans:submit or receipts:read")]
+pub struct UnknownPermission(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for Permission {
+    type Err = UnknownPermission;
+
+    fn from_str(s: &str) -> Result<Self, UnknownPermission> {
         Permission::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown permission `{s}`: use plans:submit or receipts:read"))
+            .ok_or_else(|| UnknownPermission(s.to_owned()))
     }
 }
 
@@ -59,15 +74,179 @@ impl Login {
     }
 }
 
+/// Why a login's stored `permissions` column cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum StoredPermissionsError {
+    #[error("not a JSON array of names")]
+    NotJson(#[from] serde_json::Error),
+    #[error(transparent)]
+    Unknown(#[from] UnknownPermission),
+}
+
 /// Parses the JSON array of permission names stored in `logins.permissions`.
-pub fn parse_permissions(stored: &str) -> Result<Vec<Permission>, String> {
-    let names: Vec<String> =
-        serde_json::from_str(stored).map_err(|e| format!("stored permissions unreadable: {e}"))?;
+pub fn parse_permissions(stored: &str) -> Result<Vec<Permission>, StoredPermissionsError> {
+    let names: Vec<String> = serde_json::from_str(stored)?;
     let mut permissions = names
         .iter()
         .map(|n| n.parse())
-        .collect::<Result<Vec<Permission>, String>>()?;
+        .collect::<Result<Vec<Permission>, _>>()?;
     permissions.sort();
     permissions.dedup();
     Ok(permissions)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a login named `{0}` already exists")]
+    Exists(String),
+    #[error("no login named `{0}` (or it is already revoked)")]
+    NotFound(String),
+    /// A stored login whose permissions cannot be read back: never the caller's fault.
+    #[error("login `{name}` has unreadable permissions")]
+    Corrupt {
+        name: String,
+        #[source]
+        source: StoredPermissionsError,
+    },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<diesel::result::Error> for LoginError {
+    fn from(e: diesel::result::Error) -> Self {
+        LoginError::Storage(StorageError::Query(e))
+    }
+}
+
+/// The blake3 hash under which a token is stored and found.
+pub fn token_hash(token: &str) -> String {
+    blake3::hash(token.as_bytes()).to_hex().to_string()
+}
+
+/// 256 random bits from the operating system's CSPRNG-seeded generator, in hex.
+fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TOKEN_PREFIX}{hex}")
+}
+
+/// Creates a login and returns its token, which is never stored or shown again.
+pub fn create(
+    conn: &mut DbConn,
+    name: &str,
+    permissions: &[Permission],
+) -> Result<String, LoginError> {
+    validate_name(name)?;
+    repo::require_admin(conn, "logins add")?;
+    if permissions.is_empty() {
+        return Err(LoginError::Invalid(
+            "a login needs at least one --permission".to_owned(),
+        ));
+    }
+    let mut permissions = permissions.to_vec();
+    permissions.sort();
+    permissions.dedup();
+    let names: Vec<&str> = permissions.iter().map(|p| p.as_str()).collect();
+    let stored_permissions = serde_json::Value::from(names).to_string();
+    let token = new_token();
+    let hash = token_hash(&token);
+    let login = NewLogin {
+        name,
+        token_hash: &hash,
+        permissions: &stored_permissions,
+        created_at: super::submit::now_micros(),
+    };
+    match repo::insert(conn, &login) {
+        Ok(()) => Ok(token),
+        Err(e) if crate::storage::errors::is_unique_violation(&e) => {
+            Err(LoginError::Exists(name.to_owned()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The active login that owns `token`, if any, and the connection it was
+/// found on (for the request's next step). A pooled connection found dead is
+/// replaced and the lookup made again, within the deadline.
+pub(crate) fn find(
+    db: &Database,
+    deadline: &Deadline,
+    token: &str,
+) -> Result<(Option<Login>, PooledConn), LoginError> {
+    let hash = token_hash(token);
+    let now = super::submit::now_micros();
+    let (row, conn) = db.read_on(deadline, |conn| {
+        repo::find_active_by_token_hash(conn, &hash, now)
+    })?;
+    let login = row.map(login_of).transpose()?;
+    Ok((login, conn))
+}
+
+/// The active login that owns `token`, if any: for the command line and
+/// tests, with a deadline of its own.
+pub fn login_for_token(db: &Database, token: &str) -> Result<Option<Login>, LoginError> {
+    let deadline = Deadline::after(Duration::from_secs(10));
+    Ok(find(db, &deadline, token)?.0)
+}
+
+/// The login a stored row describes.
+fn login_of(row: LoginRow) -> Result<Login, LoginError> {
+    let permissions =
+        parse_permissions(&row.permissions).map_err(|source| LoginError::Corrupt {
+            name: row.name.clone(),
+            source,
+        })?;
+    Ok(Login {
+        name: row.name,
+        permissions,
+    })
+}
+
+pub fn list(conn: &mut DbConn) -> Result<Vec<LoginRow>, LoginError> {
+    Ok(repo::list(conn)?)
+}
+
+pub fn revoke(conn: &mut DbConn, name: &str) -> Result<(), LoginError> {
+    repo::require_admin(conn, "logins revoke")?;
+    if repo::revoke(conn, name, super::submit::now_micros())? {
+        Ok(())
+    } else {
+        Err(LoginError::NotFound(name.to_owned()))
+    }
+}
+
+/// Issues a new token for the login `name` and returns it. Its current
+/// token keeps working for `grace` (zero: not at all), or until the login is
+/// revoked. A revoked login is active again under the new token only; no
+/// token it had before comes back. Keys and receipts stay the login's.
+pub fn rotate(conn: &mut DbConn, name: &str, grace: Duration) -> Result<String, LoginError> {
+    repo::require_admin(conn, "logins rotate")?;
+    let grace = chrono::TimeDelta::from_std(grace)
+        .map_err(|_| LoginError::Invalid("the grace period is too long".to_owned()))?;
+    let until = super::submit::now_micros()
+        .checked_add_signed(grace)
+        .ok_or_else(|| LoginError::Invalid("the grace period is too long".to_owned()))?;
+    let token = new_token();
+    if repo::rotate(conn, name, &token_hash(&token), until)? {
+        Ok(token)
+    } else {
+        Err(LoginError::NotFound(name.to_owned()))
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), LoginError> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= MAX_NAME_CHARS
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LoginError::Invalid(format!(
+            "login name must be 1-{MAX_NAME_CHARS} characters of A-Z, a-z, 0-9, '-', '_' or '.'"
+        )))
+    }
 }

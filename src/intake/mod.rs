@@ -1,5 +1,7 @@
-//! The domain: what a valid submission is, how it is hashed, and the submit
-//! flow with its outcomes. Past `body::parse` nothing re-checks the input.
+//! The domain: what a valid submission is, how it is hashed, the submit
+//! flow with its outcomes, who may read what, and logins. Past
+//! `body::parse` nothing re-checks the input. The door calls in here and
+//! gets domain types back; only this room calls `storage`.
 
 pub mod body;
 pub mod feed;
@@ -9,13 +11,15 @@ pub mod ijson;
 pub mod login;
 #[cfg(test)]
 mod properties;
+pub mod read;
 pub mod receipt;
 pub mod retry;
 pub mod submit;
 
 pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
-pub use login::{Login, Permission};
+pub use login::{Login, LoginError, Permission};
+pub use read::{Caller, ReadError};
 pub use receipt::{PlanView, Receipt};
 pub use retry::RetryPolicy;
 pub use submit::{Accepted, Intake, Outcome, SubmitError};

@@ -77,6 +77,23 @@ pub enum SubmitError {
     Storage(#[from] StorageError),
 }
 
+impl SubmitError {
+    /// True when the request's deadline passed before the write settled.
+    pub fn deadline_passed(&self) -> bool {
+        matches!(
+            self,
+            SubmitError::Storage(StorageError::DeadlineExceeded(_))
+        )
+    }
+}
+
+impl Accepted {
+    /// The receipt this answer shows, with its outcome.
+    pub fn receipt(&self) -> Result<super::Receipt, super::receipt::CorruptRow> {
+        super::Receipt::from_row(&self.plan, Some(self.outcome.as_str()))
+    }
+}
+
 impl From<diesel::result::Error> for SubmitError {
     fn from(e: diesel::result::Error) -> Self {
         SubmitError::Storage(StorageError::Query(e))
@@ -112,7 +129,7 @@ impl Intake {
 
     /// As [`Intake::submit`], with the first attempt on a connection the
     /// caller already holds.
-    pub fn submit_on(
+    pub(super) fn submit_on(
         &self,
         conn: PooledConn,
         login: &Login,

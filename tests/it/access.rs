@@ -49,7 +49,7 @@ async fn tokens_must_be_known_and_active(db: TestDb) {
     }
 
     let mut conn = app.conn();
-    plan_intake::logins::revoke(&mut conn, "planner-a").expect("revoke");
+    plan_intake::intake::login::revoke(&mut conn, "planner-a").expect("revoke");
     let revoked = send(&service, post_plan(&token, "k", &body)).await;
     assert_eq!(revoked.status, StatusCode::UNAUTHORIZED);
     assert_eq!(app.count("plans"), 0);

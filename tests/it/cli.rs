@@ -34,9 +34,12 @@ fn logins_add_prints_only_the_token_and_stores_only_its_hash(db: TestDb) {
     let mut conn = database.conn().expect("connection");
     let rows = plan_intake::storage::logins::list(&mut conn).expect("list");
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].token_hash, plan_intake::logins::token_hash(token));
+    assert_eq!(
+        rows[0].token_hash,
+        plan_intake::intake::login::token_hash(token)
+    );
     assert!(!rows[0].token_hash.contains(&token[4..]));
-    let found = plan_intake::logins::login_for_token(&database, token).expect("lookup");
+    let found = plan_intake::intake::login::login_for_token(&database, token).expect("lookup");
     assert_eq!(found.map(|l| l.name), Some("planner-a".to_owned()));
 
     let list = plan_intake(&db, &["logins", "list"]);
@@ -49,7 +52,7 @@ fn logins_add_prints_only_the_token_and_stores_only_its_hash(db: TestDb) {
     let revoke = plan_intake(&db, &["logins", "revoke", "planner-a"]);
     assert!(revoke.status.success());
     assert_eq!(
-        plan_intake::logins::login_for_token(&database, token).expect("lookup"),
+        plan_intake::intake::login::login_for_token(&database, token).expect("lookup"),
         None
     );
 }
@@ -129,7 +132,7 @@ fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
     assert!(second.starts_with("pit_") && second != first);
     let database = db.open_with(MigrateOnOpen::Skip);
     let who = |t: &str| {
-        plan_intake::logins::login_for_token(&database, t)
+        plan_intake::intake::login::login_for_token(&database, t)
             .expect("lookup")
             .map(|login| login.name)
     };

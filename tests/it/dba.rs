@@ -198,7 +198,7 @@ fn verify_fails_when_a_feed_position_is_ahead_of_the_next_write() {
 fn revert_previews_its_sql_and_keeps_tables_with_rows_unless_told(db: TestDb) {
     assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
     let app_db = db.open_with(MigrateOnOpen::Skip);
-    plan_intake::logins::create(
+    plan_intake::intake::login::create(
         &mut app_db.conn().expect("conn"),
         "planner-a",
         &[plan_intake::intake::Permission::PlansSubmit],

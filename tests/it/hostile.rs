@@ -168,7 +168,7 @@ async fn tokens_are_random_hashed_and_scoped(db: TestDb) {
         assert!(
             tokens
                 .iter()
-                .any(|t| plan_intake::logins::token_hash(t) == row.token_hash)
+                .any(|t| plan_intake::intake::login::token_hash(t) == row.token_hash)
         );
     }
     // Found by its hash: the same token with one character changed finds nothing.
@@ -176,7 +176,7 @@ async fn tokens_are_random_hashed_and_scoped(db: TestDb) {
     let last = if near.ends_with('0') { "1" } else { "0" };
     near.replace_range(near.len() - 1.., last);
     assert_eq!(
-        plan_intake::logins::login_for_token(&app.direct, &near).expect("lookup"),
+        plan_intake::intake::login::login_for_token(&app.direct, &near).expect("lookup"),
         None
     );
 

@@ -292,7 +292,7 @@ impl TestApp {
 
     pub fn login(&self, name: &str, permissions: &[Permission]) -> String {
         let mut conn = self.direct.conn().expect("connection");
-        plan_intake::logins::create(&mut conn, name, permissions).expect("create login")
+        plan_intake::intake::login::create(&mut conn, name, permissions).expect("create login")
     }
 
     pub fn conn(&self) -> plan_intake::storage::PooledConn {

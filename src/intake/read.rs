@@ -1,0 +1,189 @@
+//! The read side, as the door asks for it: who is calling, a plan or its
+//! receipt by id (with the rule of who may see it), the feed, and whether
+//! the service is ready. Answers are domain types; rows and connections
+//! stay below.
+
+use tokio::sync::watch;
+
+use super::feed::{Cursor, FeedEntry, Page};
+use super::login::{self, LoginError};
+use super::receipt::{CorruptRow, PlanView, Receipt};
+use super::submit::{Accepted, Intake, SubmitError};
+use super::{IdempotencyKey, Login, Permission, Submission};
+use crate::deadline::Deadline;
+use crate::storage::plans::{self, PlanRow};
+use crate::storage::{PooledConn, StorageError};
+
+/// A read that could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The request's deadline passed first: retry later.
+    #[error("the request's deadline passed")]
+    TimedOut(#[source] StorageError),
+    /// The database could not answer (or migrations are pending): retry later.
+    #[error("the database could not answer")]
+    Unavailable(#[source] StorageError),
+    /// A stored row cannot be read back: never the caller's fault.
+    #[error("a stored row cannot be read back")]
+    Corrupt(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<StorageError> for ReadError {
+    fn from(error: StorageError) -> Self {
+        match error {
+            StorageError::DeadlineExceeded(_) => ReadError::TimedOut(error),
+            other => ReadError::Unavailable(other),
+        }
+    }
+}
+
+impl From<CorruptRow> for ReadError {
+    fn from(error: CorruptRow) -> Self {
+        ReadError::Corrupt(Box::new(error))
+    }
+}
+
+impl From<LoginError> for ReadError {
+    fn from(error: LoginError) -> Self {
+        match error {
+            LoginError::Storage(e) => e.into(),
+            other => ReadError::Corrupt(Box::new(other)),
+        }
+    }
+}
+
+/// An authenticated caller, holding the connection its login was found on
+/// so that a write that follows needs no second checkout.
+pub struct Caller {
+    pub login: Login,
+    conn: PooledConn,
+}
+
+impl Intake {
+    /// The caller that owns `token`, if its login is active.
+    pub fn sign_in(&self, deadline: &Deadline, token: &str) -> Result<Option<Caller>, ReadError> {
+        let (login, conn) = login::find(&self.db, deadline, token)?;
+        Ok(login.map(|login| Caller { login, conn }))
+    }
+
+    /// The active login that owns `token`, if any.
+    pub fn authenticate(
+        &self,
+        deadline: &Deadline,
+        token: &str,
+    ) -> Result<Option<Login>, ReadError> {
+        Ok(login::find(&self.db, deadline, token)?.0)
+    }
+
+    /// [`Intake::submit`] for a signed-in caller, starting on its connection.
+    pub fn submit_as(
+        &self,
+        caller: Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        deadline: &Deadline,
+    ) -> Result<Accepted, SubmitError> {
+        self.submit_on(caller.conn, &caller.login, key, submission, deadline)
+    }
+
+    /// The receipt `receipt_id`, if `login` may see it.
+    pub fn receipt(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<Receipt>, ReadError> {
+        self.readable(login, receipt_id, deadline)?
+            .map(|row| Receipt::from_row(&row, None).map_err(Into::into))
+            .transpose()
+    }
+
+    /// The plan behind `receipt_id`, if `login` may see it.
+    pub fn plan(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<PlanView>, ReadError> {
+        self.readable(login, receipt_id, deadline)?
+            .map(|row| PlanView::from_row(&row).map_err(Into::into))
+            .transpose()
+    }
+
+    /// `receipts:read` sees every plan, a planner only its own; anything
+    /// else is as if it did not exist, so a planner cannot learn that
+    /// another maker's receipt exists.
+    fn readable(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<PlanRow>, ReadError> {
+        let row = self
+            .db
+            .read(deadline, |conn| plans::find_by_receipt(conn, receipt_id))?;
+        Ok(row.filter(|row| {
+            login.has(Permission::ReceiptsRead)
+                || (login.has(Permission::PlansSubmit) && row.maker == login.name)
+        }))
+    }
+
+    /// The end of the settled feed: a reader starting there misses nothing
+    /// still to come and pages through no history.
+    pub fn feed_end(&self, deadline: &Deadline) -> Result<Cursor, ReadError> {
+        Ok(Cursor(self.db.read(deadline, plans::feed_end)?))
+    }
+
+    /// Up to `limit` receipts after `after`, in feed order; with `expand`,
+    /// whole plans. Records how far the feed lags behind its writers.
+    pub fn feed_page(
+        &self,
+        after: Cursor,
+        limit: i64,
+        expand: bool,
+        deadline: &Deadline,
+    ) -> Result<Page, ReadError> {
+        let (rows, horizon) = self
+            .db
+            .read(deadline, |conn| plans::feed_page(conn, after.0, limit))?;
+        self.metrics.set_feed_lag(horizon.lag_seconds);
+        let next = rows
+            .last()
+            .map(|(xid, row)| {
+                Cursor(plans::FeedPosition {
+                    xid: *xid,
+                    id: row.id,
+                })
+            })
+            .unwrap_or(after);
+        let entries = rows
+            .iter()
+            .map(|(_, row)| -> Result<FeedEntry, CorruptRow> {
+                Ok(if expand {
+                    FeedEntry::Plan(PlanView::from_row(row)?)
+                } else {
+                    FeedEntry::Receipt(Receipt::from_row(row, None)?)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page { entries, next })
+    }
+
+    /// Changes whenever a plan may have joined the feed, written by this
+    /// instance or (heard by its listener) another.
+    pub fn feed_changes(&self) -> watch::Receiver<u64> {
+        self.db.feed_signal().subscribe()
+    }
+
+    /// Ready to serve: the database answers and no migration is pending.
+    pub fn readiness(&self, deadline: &Deadline) -> Result<(), ReadError> {
+        Ok(self.db.readiness(deadline)?)
+    }
+
+    /// Brings the pool's gauges up to date, for a scrape.
+    pub fn record_pool_gauges(&self) {
+        let pool = self.db.pool.state();
+        self.metrics
+            .set_pool(pool.connections, pool.idle_connections, self.db.waiters());
+    }
+}
