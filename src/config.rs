@@ -9,6 +9,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 
 #[derive(Debug, Clone)]
 pub struct HttpConfig {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use plan_intake::config::{
-    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT, HttpConfig,
-    ServeConfig,
+    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
 };
 use plan_intake::intake::login as logins;
 use plan_intake::intake::receipt::format_timestamp;
@@ -62,33 +62,33 @@ enum Command {
         #[arg(long)]
         no_migrate: bool,
         /// Most database connections held at once
-        #[arg(long, env = "PLAN_INTAKE_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        #[arg(long, env = "PLAN_INTAKE_POOL_SIZE", default_value_t = PoolOptions::default().max_size, value_parser = clap::value_parser!(u32).range(1..=1000))]
         pool_size: u32,
         /// Milliseconds to wait for a free connection before answering 503
-        #[arg(long, env = "PLAN_INTAKE_CHECKOUT_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+        #[arg(long, env = "PLAN_INTAKE_CHECKOUT_TIMEOUT_MS", default_value_t = millis(PoolOptions::default().checkout_timeout), value_parser = clap::value_parser!(u64).range(1..=600_000))]
         checkout_timeout_ms: u64,
         /// Largest accepted request body in bytes (larger is a 413)
         #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT, value_parser = parse_body_limit)]
         body_limit: usize,
         /// Attempts in all for a write that fails transiently (deadlock, busy, lost connection)
-        #[arg(long, env = "PLAN_INTAKE_RETRY_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+        #[arg(long, env = "PLAN_INTAKE_RETRY_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..=100))]
         retry_attempts: u32,
         /// Cap of the first retry's random delay, in ms; doubles per retry
-        #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = millis(RetryPolicy::default().base_delay), value_parser = clap::value_parser!(u64).range(0..=60_000))]
         retry_base_delay_ms: u64,
         /// No retry waits longer than this, in ms
-        #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+        #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = millis(RetryPolicy::default().max_delay), value_parser = clap::value_parser!(u64).range(0..=600_000))]
         retry_max_delay_ms: u64,
         /// How long a SQLite write waits for the lock before failing as busy, in ms
         #[arg(
             long,
             env = "PLAN_INTAKE_SQLITE_BUSY_TIMEOUT_MS",
-            default_value_t = 5000,
+            default_value_t = millis(PoolOptions::default().sqlite_busy_timeout),
             value_parser = clap::value_parser!(u64).range(1..=600_000)
         )]
         sqlite_busy_timeout_ms: u64,
         /// Every request that touches the database is answered within this many ms (503 + Retry-After when it cannot finish)
-        #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = millis(DEFAULT_REQUEST_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
         request_timeout_ms: u64,
         /// Postgres URL for the connection that listens for other instances' writes (to wake waiting feed readers); needed behind a transaction-mode pooler, which cannot carry LISTEN
         #[arg(long, env = "PLAN_INTAKE_FEED_LISTEN_URL")]
@@ -97,7 +97,7 @@ enum Command {
         #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
         workers: Option<u16>,
         /// On SIGTERM or Ctrl-C, seconds to let requests in flight finish
-        #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
         shutdown_timeout_secs: u64,
     },
     /// Apply or inspect migrations
@@ -201,6 +201,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A default duration as the whole milliseconds a flag takes.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Logging to stderr; an unreadable `PLAN_INTAKE_LOG` is refused, not ignored.

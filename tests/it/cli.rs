@@ -227,3 +227,98 @@ fn the_command_line_explains_itself() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("PLAN_INTAKE_LOG"));
     assert_eq!(created, 0);
 }
+
+/// The README's configuration table says what `serve --help` says: the same
+/// flags, each with its environment variable and, where it has one, its
+/// default. Defaults are stated once, in the code; this keeps the README
+/// from drifting from them.
+#[test]
+fn the_readme_configuration_table_matches_serve_help() {
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .expect("run");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let from_help = options_in_help(&help);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let from_readme = configuration_table(&readme);
+    let flags = |options: &[HelpOption]| -> Vec<String> {
+        let mut flags: Vec<String> = options.iter().map(|o| o.flag.clone()).collect();
+        flags.sort();
+        flags
+    };
+    assert_eq!(
+        flags(&from_readme),
+        flags(&from_help),
+        "the README's configuration table and `serve --help` list different flags"
+    );
+    for documented in &from_readme {
+        let Some(actual) = from_help.iter().find(|o| o.flag == documented.flag) else {
+            continue;
+        };
+        assert_eq!(documented.env, actual.env, "{}", documented.flag);
+        if let Some(default) = &actual.default {
+            assert_eq!(
+                documented.default.as_ref(),
+                Some(default),
+                "{}: the README's default differs from --help",
+                documented.flag
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+struct HelpOption {
+    flag: String,
+    env: Option<String>,
+    default: Option<String>,
+}
+
+/// Each `--flag` of clap's long help with its `[env: …]` and `[default: …]`;
+/// switches without an environment variable (`--no-migrate`, `--help`) are
+/// left out, as the README's table leaves them.
+fn options_in_help(help: &str) -> Vec<HelpOption> {
+    let mut options: Vec<HelpOption> = Vec::new();
+    for line in help.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("--") {
+            let name = rest.split_whitespace().next().unwrap_or_default();
+            options.push(HelpOption {
+                flag: format!("--{name}"),
+                env: None,
+                default: None,
+            });
+        } else if let Some(option) = options.last_mut() {
+            if let Some(env) = line.strip_prefix("[env: ") {
+                option.env = Some(env.trim_end_matches(['=', ']']).to_owned());
+            } else if let Some(default) = line.strip_prefix("[default: ") {
+                option.default = Some(default.trim_end_matches(']').to_owned());
+            }
+        }
+    }
+    options.retain(|o| o.env.is_some());
+    options
+}
+
+/// The rows of the README's `## Configuration` table that name a flag: the
+/// flag, the variable, and the first `code` span of the default column.
+fn configuration_table(readme: &str) -> Vec<HelpOption> {
+    let section = readme
+        .split("## Configuration")
+        .nth(1)
+        .expect("a Configuration section");
+    section
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let code = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
+            let flag = code(cells.get(1)?)?;
+            let env = code(cells.get(2)?);
+            let default = code(cells.get(3)?);
+            flag.starts_with("--").then_some(HelpOption { flag, env, default })
+        })
+        .collect()
+}
