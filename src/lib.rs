@@ -6,6 +6,7 @@ pub mod deadline;
 pub mod http;
 pub mod intake;
 pub mod metrics;
+pub mod report;
 pub mod serve;
 pub mod storage;
 pub mod verify;

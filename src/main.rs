@@ -10,13 +10,14 @@ use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
 };
-use plan_intake::intake::login as logins;
+use plan_intake::intake::login::{self as logins, LoginError};
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
+use plan_intake::serve::{self, ServeError};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,
 };
-use plan_intake::{serve, verify};
+use plan_intake::verify::{self, VerifyError};
 
 #[derive(Parser)]
 #[command(
@@ -190,17 +191,40 @@ fn main() -> ExitCode {
             };
         }
     };
-    if let Err(message) = init_tracing(cli.log_format) {
-        eprintln!("plan-intake: {message}");
+    if let Err(e) = init_tracing(cli.log_format) {
+        eprintln!("plan-intake: {}", plan_intake::report::chain(&e));
         return ExitCode::from(2);
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("plan-intake: error: {message}");
+        Err(e) => {
+            eprintln!("plan-intake: error: {}", plan_intake::report::chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// What stops a command, with its causes: one line, exit 1.
+#[derive(Debug, thiserror::Error)]
+enum CommandError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Login(#[from] LoginError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error("{0} verify check(s) failed")]
+    ChecksFailed(usize),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("PLAN_INTAKE_LOG `{filter}` is not a tracing filter")]
+struct BadLogFilter {
+    filter: String,
+    #[source]
+    source: tracing_subscriber::filter::ParseError,
 }
 
 /// A default duration as the whole milliseconds a flag takes.
@@ -209,10 +233,14 @@ fn millis(duration: Duration) -> u64 {
 }
 
 /// Logging to stderr; an unreadable `PLAN_INTAKE_LOG` is refused, not ignored.
-fn init_tracing(format: LogFormat) -> Result<(), String> {
+fn init_tracing(format: LogFormat) -> Result<(), BadLogFilter> {
     let filter = match std::env::var("PLAN_INTAKE_LOG") {
-        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text)
-            .map_err(|e| format!("PLAN_INTAKE_LOG `{text}` is not a tracing filter: {e}"))?,
+        Ok(text) => {
+            tracing_subscriber::EnvFilter::try_new(&text).map_err(|source| BadLogFilter {
+                filter: text,
+                source,
+            })?
+        }
         Err(_) => tracing_subscriber::EnvFilter::new("info"),
     };
     let builder = tracing_subscriber::fmt()
@@ -226,7 +254,7 @@ fn init_tracing(format: LogFormat) -> Result<(), String> {
 }
 
 /// An address to listen on that resolves: `HOST:PORT`.
-fn parse_bind(text: &str) -> Result<String, String> {
+fn parse_bind(text: &str) -> Result<String, &'static str> {
     use std::net::ToSocketAddrs;
     let resolves = text
         .to_socket_addrs()
@@ -234,19 +262,19 @@ fn parse_bind(text: &str) -> Result<String, String> {
     if resolves {
         Ok(text.to_owned())
     } else {
-        Err("must be HOST:PORT, e.g. 127.0.0.1:8080".to_owned())
+        Err("must be HOST:PORT, e.g. 127.0.0.1:8080")
     }
 }
 
 /// 1 byte to 64 MiB.
-fn parse_body_limit(text: &str) -> Result<usize, String> {
+fn parse_body_limit(text: &str) -> Result<usize, &'static str> {
     match text.parse::<usize>() {
         Ok(n) if (1..=64 * 1024 * 1024).contains(&n) => Ok(n),
-        _ => Err("must be a number of bytes from 1 to 67108864".to_owned()),
+        _ => Err("must be a number of bytes from 1 to 67108864"),
     }
 }
 
-fn run(command: Command) -> Result<(), String> {
+fn run(command: Command) -> Result<(), CommandError> {
     match command {
         Command::Serve {
             db,
@@ -263,7 +291,7 @@ fn run(command: Command) -> Result<(), String> {
             request_timeout_ms,
             feed_listen_url,
             workers,
-        } => serve::run(ServeConfig {
+        } => Ok(serve::run(ServeConfig {
             bind,
             database_url: db.database_url,
             pool: PoolOptions {
@@ -287,13 +315,12 @@ fn run(command: Command) -> Result<(), String> {
             migrate: !no_migrate,
             shutdown_timeout_secs,
             workers: workers.map(usize::from),
-        })
-        .map_err(|e| e.to_string()),
-        Command::Migrate { db, action } => migrate(&db, action).map_err(|e| e.to_string()),
-        Command::Logins { db, action } => manage_logins(&db, action),
+        })?),
+        Command::Migrate { db, action } => Ok(migrate(&db, action)?),
+        Command::Logins { db, action } => Ok(manage_logins(&db, action)?),
         Command::Verify { db } => match verify::run(&db.database_url)? {
             0 => Ok(()),
-            failed => Err(format!("{failed} verify check(s) failed")),
+            failed => Err(CommandError::ChecksFailed(failed)),
         },
         Command::VerifyContender { db } => {
             println!("{}", verify::contend(&db.database_url)?);
@@ -385,23 +412,27 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
     Ok(())
 }
 
-fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), String> {
+fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), LoginError> {
     // Logins live in the migrated schema; a fresh database is made ready
     // first (directly; through a transaction pooler it must be migrated).
     let migrate = match db.pg_pooler {
         PgPooler::None => MigrateOnOpen::Apply,
         PgPooler::Transaction => MigrateOnOpen::RequireNonePending,
     };
-    let mut conn = open_single(db, migrate).map_err(|e| e.to_string())?;
+    // Input is checked before anything is opened: a refused command
+    // creates no database file.
+    if let LoginsAction::Add { name, .. } = &action {
+        logins::validate_name(name)?;
+    }
+    let mut conn = open_single(db, migrate)?;
     match action {
         LoginsAction::Add { name, permissions } => {
-            let token =
-                logins::create(&mut conn, &name, &permissions).map_err(|e| e.to_string())?;
+            let token = logins::create(&mut conn, &name, &permissions)?;
             println!("{token}");
             eprintln!("created login `{name}`; the token above is shown only once");
         }
         LoginsAction::List => {
-            for login in logins::list(&mut conn).map_err(|e| e.to_string())? {
+            for login in logins::list(&mut conn)? {
                 let state = match login.revoked_at {
                     Some(at) => format!("revoked {}", format_timestamp(&at)),
                     None => "active".to_owned(),
@@ -415,11 +446,11 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), String> 
             }
         }
         LoginsAction::Revoke { name } => {
-            logins::revoke(&mut conn, &name).map_err(|e| e.to_string())?;
+            logins::revoke(&mut conn, &name)?;
             eprintln!("revoked login `{name}`");
         }
         LoginsAction::Rotate { name, grace } => {
-            let token = logins::rotate(&mut conn, &name, grace).map_err(|e| e.to_string())?;
+            let token = logins::rotate(&mut conn, &name, grace)?;
             println!("{token}");
             eprintln!(
                 "new token for login `{name}`, shown only once; the previous one works for {} more",

@@ -12,13 +12,13 @@ use crate::storage::{Database, MigrateOnOpen, StorageError};
 pub enum ServeError {
     #[error(transparent)]
     Storage(#[from] StorageError),
-    #[error("cannot listen on {bind}: {source}")]
+    #[error("cannot listen on {bind}")]
     Bind {
         bind: String,
         source: std::io::Error,
     },
-    #[error("the server stopped with an error: {0}")]
-    Server(std::io::Error),
+    #[error("the server stopped with an error")]
+    Server(#[source] std::io::Error),
 }
 
 /// SQLite: the database file's absolute path (a relative default resolved

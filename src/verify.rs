@@ -9,11 +9,12 @@ use std::process::{Command, Stdio};
 use diesel::RunQueryDsl;
 use diesel::connection::SimpleConnection;
 
-use crate::intake::{IdempotencyKey, Intake, Login, Permission, RetryPolicy, body};
+use crate::intake::login::LoginError;
+use crate::intake::{IdempotencyKey, Intake, Login, Permission, RetryPolicy, SubmitError, body};
 use crate::metrics::Metrics;
 use crate::storage::catalog;
 use crate::storage::{
-    Backend, Database, DatabaseTarget, DbConn, MigrateOnOpen, PoolOptions, migrations,
+    Backend, Database, DatabaseTarget, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
 };
 use crate::with_conn;
 
@@ -25,19 +26,54 @@ const CONTENDER_BODY: &str = r#"{"run_id":"verify-run","approved_inputs":[{"id":
 
 pub struct Check {
     pub name: &'static str,
-    pub result: Result<String, String>,
+    /// What was found: what holds, or why the check failed.
+    pub result: Result<String, VerifyError>,
+}
+
+/// A check that failed: the guarantee was found broken, or the check could
+/// not be made (with its cause).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The check ran and found a guarantee broken; the finding says how.
+    #[error("{0}")]
+    Broken(String),
+    #[error("{what}")]
+    CouldNot {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Query(#[from] diesel::result::Error),
+    #[error(transparent)]
+    Login(#[from] LoginError),
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+}
+
+impl VerifyError {
+    fn could_not(
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        VerifyError::CouldNot {
+            what,
+            source: source.into(),
+        }
+    }
 }
 
 /// Runs every check, printing one line each; returns how many failed.
-pub fn run(url: &str) -> Result<usize, String> {
-    let target = DatabaseTarget::parse(url).map_err(|e| e.to_string())?;
+pub fn run(url: &str) -> Result<usize, VerifyError> {
+    let target = DatabaseTarget::parse(url)?;
     let options = PoolOptions {
         max_size: 2,
         ..PoolOptions::default()
     };
-    let configured =
-        Database::open(url, &options, MigrateOnOpen::Skip).map_err(|e| e.to_string())?;
-    let mut conn = configured.conn().map_err(|e| e.to_string())?;
+    let configured = Database::open(url, &options, MigrateOnOpen::Skip)?;
+    let mut conn = configured.conn()?;
 
     let mut checks = vec![
         Check {
@@ -74,36 +110,39 @@ pub fn run(url: &str) -> Result<usize, String> {
     for check in &checks {
         match &check.result {
             Ok(detail) => println!("ok    {}: {detail}", check.name),
-            Err(detail) => {
+            Err(e) => {
                 failed += 1;
-                println!("FAIL  {}: {detail}", check.name);
+                println!("FAIL  {}: {}", check.name, crate::report::chain(e));
             }
         }
     }
     Ok(failed)
 }
 
-fn migrations_applied(conn: &mut DbConn) -> Result<String, String> {
-    let pending = migrations::pending(conn).map_err(|e| e.to_string())?;
+fn migrations_applied(conn: &mut DbConn) -> Result<String, VerifyError> {
+    let pending = migrations::pending(conn)?;
     if pending.is_empty() {
         Ok("none pending".to_owned())
     } else {
-        Err(format!("pending: {}", pending.join(", ")))
+        Err(VerifyError::Broken(format!(
+            "pending: {}",
+            pending.join(", ")
+        )))
     }
 }
 
-fn feed_invariant(conn: &mut DbConn) -> Result<String, String> {
-    match crate::storage::plans::feed_invariant(conn).map_err(|e| e.to_string())? {
+fn feed_invariant(conn: &mut DbConn) -> Result<String, VerifyError> {
+    match crate::storage::plans::feed_invariant(conn)? {
         Ok(()) => Ok("every stored position is behind the next write's".to_owned()),
-        Err((highest, next)) => Err(format!(
+        Err((highest, next)) => Err(VerifyError::Broken(format!(
             "a stored feed position ({highest}) is not behind the next write's ({next}): \
              new receipts would sort before readers' cursors"
-        )),
+        ))),
     }
 }
 
-fn pinned_names(conn: &mut DbConn) -> Result<String, String> {
-    let live = catalog::live_names(conn).map_err(|e| e.to_string())?;
+fn pinned_names(conn: &mut DbConn) -> Result<String, VerifyError> {
+    let live = catalog::live_names(conn)?;
     let pinned = catalog::pinned_names();
     let missing: Vec<String> = pinned
         .iter()
@@ -118,18 +157,17 @@ fn pinned_names(conn: &mut DbConn) -> Result<String, String> {
     if missing.is_empty() && unexpected.is_empty() {
         Ok(format!("{} names match", pinned.len()))
     } else {
-        Err(format!(
+        Err(VerifyError::Broken(format!(
             "missing [{}], unexpected [{}]",
             missing.join(", "),
             unexpected.join(", ")
-        ))
+        )))
     }
 }
 
-fn blank_run_refused(url: &str) -> Result<String, String> {
-    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
-        .map_err(|e| e.to_string())?;
-    let mut conn = db.conn().map_err(|e| e.to_string())?;
+fn blank_run_refused(url: &str) -> Result<String, VerifyError> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)?;
+    let mut conn = db.conn()?;
     let tab = match conn.backend() {
         Backend::Postgres => "chr(9)",
         Backend::Sqlite => "char(9)",
@@ -148,19 +186,21 @@ fn blank_run_refused(url: &str) -> Result<String, String> {
     if stored.is_empty() {
         Ok("NULL, empty, spaces and tab all refused".to_owned())
     } else {
-        Err(format!("the table stored run_id = {}", stored.join(", ")))
+        Err(VerifyError::Broken(format!(
+            "the table stored run_id = {}",
+            stored.join(", ")
+        )))
     }
 }
 
 /// Starts `CONTENDERS` real processes that submit one plan under one key at
 /// the same moment; exactly one may create it.
-fn one_winner(url: &str) -> Result<String, String> {
-    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
-        .map_err(|e| e.to_string())?;
-    let mut conn = db.conn().map_err(|e| e.to_string())?;
-    crate::intake::login::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])
-        .map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+fn one_winner(url: &str) -> Result<String, VerifyError> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)?;
+    let mut conn = db.conn()?;
+    crate::intake::login::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])?;
+    let exe = std::env::current_exe()
+        .map_err(|e| VerifyError::could_not("cannot find this binary", e))?;
     let mut contenders = Contenders(Vec::new());
     for _ in 0..CONTENDERS {
         // The URL (and any password in it) goes by the environment, never
@@ -172,7 +212,7 @@ fn one_winner(url: &str) -> Result<String, String> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start a contender: {e}"))?;
+            .map_err(|e| VerifyError::could_not("cannot start a contender", e))?;
         contenders.0.push(child);
     }
     // The start gate: every process is up before any is told to go.
@@ -183,13 +223,15 @@ fn one_winner(url: &str) -> Result<String, String> {
     }
     let mut outcomes = Vec::new();
     while let Some(child) = contenders.next() {
-        let output = child.wait_with_output().map_err(|e| e.to_string())?;
+        let output = child
+            .wait_with_output()
+            .map_err(|e| VerifyError::could_not("cannot wait for a contender", e))?;
         let said = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if !output.status.success() {
-            return Err(format!(
+            return Err(VerifyError::Broken(format!(
                 "a contender failed: {}",
                 String::from_utf8_lossy(&output.stderr).trim()
-            ));
+            )));
         }
         outcomes.push(said);
     }
@@ -201,7 +243,9 @@ fn one_winner(url: &str) -> Result<String, String> {
             "{CONTENDERS} processes, 1 created, {replayed} replayed, 1 plan row"
         ))
     } else {
-        Err(format!("outcomes {outcomes:?}, {plans} plan rows"))
+        Err(VerifyError::Broken(format!(
+            "outcomes {outcomes:?}, {plans} plan rows"
+        )))
     }
 }
 
@@ -230,24 +274,23 @@ impl Drop for Contenders {
 
 /// The body of one contending process (`plan-intake verify-contender`):
 /// waits for the start gate on stdin, submits, prints the outcome.
-pub fn contend(url: &str) -> Result<String, String> {
-    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)
-        .map_err(|e| e.to_string())?;
+pub fn contend(url: &str) -> Result<String, VerifyError> {
+    let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)?;
     let intake = Intake::new(db, RetryPolicy::default(), Metrics::new());
     let login = Login {
         name: CONTENDER_LOGIN.to_owned(),
         permissions: vec![Permission::PlansSubmit],
     };
-    let key = IdempotencyKey::parse(CONTENDER_KEY)?;
-    let submission = body::parse(CONTENDER_BODY.as_bytes()).map_err(|e| format!("{e:?}"))?;
+    let key = IdempotencyKey::parse(CONTENDER_KEY)
+        .map_err(|e| VerifyError::could_not("the contender's key is refused", e))?;
+    let submission = body::parse(CONTENDER_BODY.as_bytes())
+        .map_err(|e| VerifyError::could_not("the contender's plan is refused", e))?;
     let mut gate = String::new();
     std::io::stdin()
         .read_line(&mut gate)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| VerifyError::could_not("cannot read the start gate", e))?;
     let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(60));
-    let accepted = intake
-        .submit(&login, &key, &submission, &deadline)
-        .map_err(|e| e.to_string())?;
+    let accepted = intake.submit(&login, &key, &submission, &deadline)?;
     Ok(accepted.outcome.as_str().to_owned())
 }
 
@@ -257,11 +300,9 @@ struct Count {
     n: i64,
 }
 
-fn count(conn: &mut DbConn, table: &str) -> Result<i64, String> {
+fn count(conn: &mut DbConn, table: &str) -> Result<i64, VerifyError> {
     let sql = format!("SELECT COUNT(*) AS n FROM {table}");
-    with_conn!(conn, c => diesel::sql_query(&sql).get_result::<Count>(c))
-        .map(|row| row.n)
-        .map_err(|e| e.to_string())
+    Ok(with_conn!(conn, c => diesel::sql_query(&sql).get_result::<Count>(c))?.n)
 }
 
 /// A migrated store of verify's own: a fresh schema in the configured
@@ -278,13 +319,13 @@ enum Cleanup {
 }
 
 impl Scratch {
-    fn create(target: &DatabaseTarget, conn: &mut DbConn) -> Result<Self, String> {
+    fn create(target: &DatabaseTarget, conn: &mut DbConn) -> Result<Self, VerifyError> {
         let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
         let scratch = match target {
             DatabaseTarget::Postgres(url) => {
                 let schema = format!("plan_intake_verify_{tag}");
                 with_conn!(conn, c => c.batch_execute(&format!("CREATE SCHEMA {schema}")))
-                    .map_err(|e| format!("cannot create a scratch schema: {e}"))?;
+                    .map_err(|e| VerifyError::could_not("cannot create a scratch schema", e))?;
                 let separator = if url.contains('?') { '&' } else { '?' };
                 Scratch {
                     url: format!("{url}{separator}options=-csearch_path%3D{schema}"),
@@ -302,7 +343,7 @@ impl Scratch {
             }
         };
         Database::open(&scratch.url, &PoolOptions::default(), MigrateOnOpen::Apply)
-            .map_err(|e| format!("cannot migrate the scratch store: {e}"))?;
+            .map_err(|e| VerifyError::could_not("cannot migrate the scratch store", e))?;
         Ok(scratch)
     }
 }

@@ -59,18 +59,6 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Copy)]
 pub struct TimedOut;
 
-/// `error` and each of its sources, joined: the whole story for a log line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// An RFC 9457 problem: every error answer's body.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Problem {
@@ -198,10 +186,10 @@ impl ResponseError for ApiError {
         let status = self.status_code();
         match self {
             ApiError::Unavailable(cause) | ApiError::Timeout(cause) => {
-                tracing::warn!(cause = %error_chain(cause.as_ref()), "answering 503")
+                tracing::warn!(cause = %crate::report::chain(cause.as_ref()), "answering 503")
             }
             ApiError::Internal(cause) => {
-                tracing::error!(cause = %error_chain(cause.as_ref()), "answering 500")
+                tracing::error!(cause = %crate::report::chain(cause.as_ref()), "answering 500")
             }
             _ => {}
         }

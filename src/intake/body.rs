@@ -25,11 +25,14 @@ pub struct FieldError {
     pub message: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a body is refused; the messages are for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
     /// Not JSON: 400.
+    #[error("{0}")]
     Malformed(String),
     /// JSON that breaks the rules: 422.
+    #[error("{}", .0.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<FieldError>),
 }
 

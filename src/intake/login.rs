@@ -236,7 +236,8 @@ pub fn rotate(conn: &mut DbConn, name: &str, grace: Duration) -> Result<String, 
     }
 }
 
-fn validate_name(name: &str) -> Result<(), LoginError> {
+/// A login name: 1–64 of `A-Z a-z 0-9 - _ .`.
+pub fn validate_name(name: &str) -> Result<(), LoginError> {
     let ok = !name.is_empty()
         && name.chars().count() <= MAX_NAME_CHARS
         && name

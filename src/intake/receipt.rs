@@ -35,7 +35,7 @@ pub struct PlanView {
 
 /// A stored row whose JSON columns cannot be read back: never the caller's fault.
 #[derive(Debug, thiserror::Error)]
-#[error("plan {receipt_id} has an unreadable {column} column: {source}")]
+#[error("plan {receipt_id} has an unreadable {column} column")]
 pub struct CorruptRow {
     receipt_id: String,
     column: &'static str,

@@ -20,7 +20,8 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    /// A bad database URL or option: the operator's mistake, found at start.
+    /// A bad database URL or option, or a command refused as given: the
+    /// operator's mistake, told in the message (there is no cause below it).
     #[error("{0}")]
     Config(String),
     /// The database cannot be reached, or no pooled connection freed up in time.
@@ -35,8 +36,13 @@ pub enum StorageError {
     DeadlineExceeded(&'static str),
     #[error("migrations are pending: {}", .0.join(", "))]
     PendingMigrations(Vec<String>),
-    #[error("migration failed: {0}")]
-    Migration(String),
+    /// A migration could not be applied, reverted or read.
+    #[error("migration failed while {step}")]
+    Migration {
+        step: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A command that changes the schema or the logins, run as a role that
     /// may only read and write rows (the service's).
     #[error(
@@ -48,6 +54,16 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    pub fn migration(
+        step: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StorageError::Migration {
+            step: step.into(),
+            source: source.into(),
+        }
+    }
+
     pub fn unavailable(
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,

@@ -16,6 +16,8 @@ use std::time::Duration;
 use diesel::{Connection, PgConnection, RunQueryDsl};
 use tokio::sync::watch;
 
+use super::StorageError;
+
 /// How often the listener asks its connection for notifications: each ask
 /// is one non-blocking read on the socket.
 const LISTEN_POLL: Duration = Duration::from_millis(5);
@@ -64,11 +66,9 @@ impl FeedSignal {
 fn listen_until_dropped(signal: &Weak<watch::Sender<u64>>, url: &str) {
     while signal.strong_count() > 0 {
         let listening = PgConnection::establish(url)
-            .map_err(|e| e.to_string())
+            .map_err(|e| StorageError::unavailable("the feed listener cannot connect", e))
             .and_then(|mut conn| {
-                diesel::sql_query(format!("LISTEN {CHANNEL}"))
-                    .execute(&mut conn)
-                    .map_err(|e| e.to_string())?;
+                diesel::sql_query(format!("LISTEN {CHANNEL}")).execute(&mut conn)?;
                 Ok(conn)
             });
         match listening {
@@ -77,7 +77,9 @@ fn listen_until_dropped(signal: &Weak<watch::Sender<u64>>, url: &str) {
                     tracing::warn!(error = %e, "the feed listener lost its connection; reconnecting");
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "the feed listener cannot connect; retrying"),
+            Err(e) => {
+                tracing::warn!(error = %crate::report::chain(&e), "the feed listener cannot listen; retrying")
+            }
         }
         std::thread::sleep(LISTEN_RECONNECT);
     }

@@ -166,7 +166,7 @@ pub fn run_pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
             outcome
         }
     };
-    let versions = result.map_err(|e| StorageError::Migration(e.to_string()))?;
+    let versions = result.map_err(|e| StorageError::migration("applying pending migrations", e))?;
     named(versions, source_for(conn))
 }
 
@@ -224,7 +224,10 @@ where
                 Direction::Down => migration.revert(c),
             };
             if let Err(e) = ran {
-                failure = Some(format!("{}: {e}", migration.name()));
+                failure = Some(StorageError::migration(
+                    format!("running {}", migration.name()),
+                    e,
+                ));
                 break;
             }
             let sql = captured
@@ -237,9 +240,9 @@ where
         Err(diesel::result::Error::RollbackTransaction)
     });
     match (failure, outcome) {
-        (Some(e), _) => Err(StorageError::Migration(e)),
+        (Some(e), _) => Err(e),
         (None, Err(diesel::result::Error::RollbackTransaction) | Ok(())) => Ok(planned),
-        (None, Err(e)) => Err(StorageError::Migration(e.to_string())),
+        (None, Err(e)) => Err(StorageError::migration("capturing the migrations' SQL", e)),
     }
 }
 
@@ -328,7 +331,7 @@ where
     EmbeddedMigrations: MigrationSource<DB>,
 {
     let all = MigrationSource::<DB>::migrations(&source)
-        .map_err(|e| StorageError::Migration(e.to_string()))?;
+        .map_err(|e| StorageError::migration("reading the embedded migrations", e))?;
     let mut by_name: Vec<Option<Box<dyn Migration<DB>>>> = all.into_iter().map(Some).collect();
     names
         .iter()
@@ -337,7 +340,9 @@ where
                 .iter_mut()
                 .find(|m| m.as_ref().is_some_and(|m| m.name().to_string() == *name))
                 .and_then(Option::take)
-                .ok_or_else(|| StorageError::Migration(format!("{name}: not in this binary")))
+                .ok_or_else(|| {
+                    StorageError::Config(format!("migration {name} is not in this binary"))
+                })
         })
         .collect()
 }
@@ -351,7 +356,7 @@ pub fn revert_last(conn: &mut DbConn) -> Result<String, StorageError> {
     };
     let version = result
         .map(|v| v.to_string())
-        .map_err(|e| StorageError::Migration(e.to_string()))?;
+        .map_err(|e| StorageError::migration("reverting the most recent migration", e))?;
     Ok(named(vec![version.clone()], source)?
         .into_iter()
         .next()
@@ -365,7 +370,7 @@ fn names(versions: Vec<diesel::migration::MigrationVersion<'_>>) -> Vec<String> 
 /// Every migration this binary carries for a backend, by folder name, in order.
 pub fn embedded_names(source: EmbeddedMigrations) -> Result<Vec<String>, StorageError> {
     let migrations = MigrationSource::<diesel::pg::Pg>::migrations(&source)
-        .map_err(|e| StorageError::Migration(e.to_string()))?;
+        .map_err(|e| StorageError::migration("reading the embedded migrations", e))?;
     let mut names: Vec<String> = migrations.iter().map(|m| m.name().to_string()).collect();
     names.sort();
     Ok(names)

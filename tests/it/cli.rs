@@ -184,7 +184,8 @@ crate::on_both_backends_sync!(
 
 /// What a new user meets: a bare command prints its help; clap's message
 /// stays whole (the missing argument named, the allowed values listed); a
-/// bad address or log filter stops with exit 2 before anything is opened.
+/// bad address or log filter stops with exit 2, and a bad login name with
+/// exit 1, before anything is opened.
 #[test]
 fn the_command_line_explains_itself() {
     let run = |args: &[&str], env: &[(&str, &str)]| {
@@ -222,6 +223,13 @@ fn the_command_line_explains_itself() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--bind"));
     assert_eq!(created, 0, "nothing opened for a bad address");
+    let (out, created) = run(
+        &["logins", "add", "bad name", "--permission", "plans:submit"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("login name"));
+    assert_eq!(created, 0, "a refused login name creates no database");
     let (out, created) = run(&["migrate", "status"], &[("PLAN_INTAKE_LOG", "a=b=c[")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PLAN_INTAKE_LOG"));
@@ -318,7 +326,8 @@ fn configuration_table(readme: &str) -> Vec<HelpOption> {
             let flag = code(cells.get(1)?)?;
             let env = code(cells.get(2)?);
             let default = code(cells.get(3)?);
-            flag.starts_with("--").then_some(HelpOption { flag, env, default })
+            flag.starts_with("--")
+                .then_some(HelpOption { flag, env, default })
         })
         .collect()
 }
