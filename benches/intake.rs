@@ -22,7 +22,7 @@ use plan_intake::intake::Permission;
 use plan_intake::storage::DbConn;
 use plan_intake::storage::plans::NewPlan;
 use plan_intake::storage::schema::{intake_keys, plans};
-use plan_intake::storage::{Database, MigrateOnOpen, PoolOptions};
+use plan_intake::storage::{Database, MigrateOnOpen, PoolOptions, ScratchSchema};
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
@@ -481,22 +481,9 @@ fn fresh_database(backend: &str, options: &Options) -> (String, Box<dyn FnOnce()
             (url, Box::new(move || drop(std::fs::remove_dir_all(dir))))
         }
         _ => {
-            let schema = format!("bench_{tag}");
-            let base = options.postgres_url.clone();
-            PgConnection::establish(&base)
-                .expect("connect to Postgres (is it running?)")
-                .batch_execute(&format!("CREATE SCHEMA {schema}"))
-                .expect("create the benchmark schema");
-            let separator = if base.contains('?') { '&' } else { '?' };
-            let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
-            (
-                url,
-                Box::new(move || {
-                    if let Ok(mut c) = PgConnection::establish(&base) {
-                        let _ = c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
-                    }
-                }),
-            )
+            let schema = ScratchSchema::create(&options.postgres_url, "bench")
+                .expect("create the benchmark schema (is Postgres running?)");
+            (schema.url.clone(), Box::new(move || drop(schema)))
         }
     }
 }
@@ -514,286 +501,329 @@ struct Row {
 fn main() {
     let options = options();
     let mut rows: Vec<Row> = Vec::new();
-    let mut push_rows: Vec<(&str, &str, Run)> = Vec::new();
+    let mut push_rows: Vec<PushRow> = Vec::new();
     for backend in options.backends.clone() {
         let (url, cleanup) = fresh_database(backend, &options);
-        let pool_size = if backend == "postgres" {
-            options.concurrency as u32
-        } else {
-            8
-        };
-        let db = Database::open(
-            &url,
-            &PoolOptions {
-                max_size: pool_size,
-                ..PoolOptions::default()
-            },
-            MigrateOnOpen::Apply,
-        )
-        .expect("open the benchmark database");
-        let token = {
-            let mut conn = db.conn().expect("connection");
-            plan_intake::intake::login::create(&mut conn, "bench", &[Permission::PlansSubmit])
-                .expect("login")
-        };
+        bench_backend(backend, &url, &options, &mut rows, &mut push_rows);
+        cleanup();
+    }
+    print_report(&options, &rows, &push_rows);
+}
 
-        // The baseline: the same two-row transaction, straight through diesel.
-        let baseline_db = db.clone();
-        let baseline = drive(
-            options.concurrency,
-            options.duration,
-            |_| (),
-            move |_, client, sequence| {
-                let Ok(mut conn) = baseline_db.conn() else {
-                    return false;
-                };
-                let plan = NewPlan {
-                    receipt_id: format!("rcpt_base_{client}_{sequence}"),
-                    maker: "bench".to_owned(),
-                    run_id: format!("base-{client}-{sequence}"),
-                    content_hash: format!("blake3:base-{client}-{sequence}"),
-                    request_hash: format!("blake3:base-{client}-{sequence}"),
-                    content: r#"{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}"#.to_owned(),
-                    approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#.to_owned(),
-                    permissions: r#"["plans:submit"]"#.to_owned(),
-                    received_at: plan_intake::intake::submit::now_micros(),
-                };
-                hand_rolled_insert(&mut conn, &plan, &format!("base-{client}-{sequence}")).is_ok()
-            },
+/// A push-latency run: backend, where the reader is, the run.
+type PushRow = (&'static str, &'static str, Run);
+
+/// Every scenario on one backend's fresh database, in the order the table
+/// shows them.
+fn bench_backend(
+    backend: &'static str,
+    url: &str,
+    options: &Options,
+    rows: &mut Vec<Row>,
+    push_rows: &mut Vec<PushRow>,
+) {
+    let pool_size = if backend == "postgres" {
+        options.concurrency as u32
+    } else {
+        8
+    };
+    let db = Database::open(
+        url,
+        &PoolOptions {
+            max_size: pool_size,
+            ..PoolOptions::default()
+        },
+        MigrateOnOpen::Apply,
+    )
+    .expect("open the benchmark database");
+    let token = add_login(&db, "bench", Permission::PlansSubmit);
+    let (baseline, ceiling) = without_http(&db, options);
+    let baseline_rate = baseline.rate();
+    let ratio = |run: &Run| Some(run.rate() / baseline_rate);
+
+    let service = Service::start(url, pool_size);
+    let http = through_http(&service, &token, options);
+    let orders = add_login(&db, "bench-orders", Permission::ReceiptsRead);
+    push_rows.push((
+        backend,
+        "the same instance",
+        push_latency(&service.addr, &service.addr, &token, &orders, PUSH_SAMPLES),
+    ));
+    if backend == "postgres" {
+        let other = Service::start(url, pool_size);
+        push_rows.push((
+            backend,
+            "another instance",
+            push_latency(&service.addr, &other.addr, &token, &orders, PUSH_SAMPLES),
+        ));
+    }
+    drop(service);
+
+    rows.push(Row {
+        backend,
+        scenario: "baseline (diesel, no HTTP)",
+        rss_mib: None,
+        ratio: Some(1.0),
+        cpu: None,
+        run: baseline,
+    });
+    rows.push(Row {
+        backend,
+        scenario: "the service's write, no HTTP (ceiling)",
+        rss_mib: None,
+        ratio: ratio(&ceiling),
+        cpu: None,
+        run: ceiling,
+    });
+    if backend == "postgres"
+        && let Some(bouncer) = Bouncer::start(&options.postgres_url)
+    {
+        for (scenario, run, rss) in through_pgbouncer(&bouncer, pool_size, options) {
+            rows.push(Row {
+                backend,
+                scenario,
+                rss_mib: Some(rss),
+                ratio: ratio(&run),
+                cpu: None,
+                run,
+            });
+        }
+    }
+    for (scenario, run, cpu) in http.scenarios {
+        rows.push(Row {
+            backend,
+            scenario,
+            rss_mib: Some(http.rss_mib),
+            ratio: ratio(&run),
+            cpu: Some(cpu),
+            run,
+        });
+    }
+}
+
+fn add_login(db: &Database, name: &str, permission: Permission) -> String {
+    let mut conn = db.conn().expect("connection");
+    plan_intake::intake::login::create(&mut conn, name, &[permission]).expect("login")
+}
+
+/// A plan as the runs without HTTP write it: `{tag}-{client}-{sequence}`
+/// makes its receipt, run and hashes unique.
+fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
+    let unique = format!("{tag}-{client}-{sequence}");
+    NewPlan {
+        receipt_id: format!("rcpt_{tag}_{client}_{sequence}"),
+        maker: "bench".to_owned(),
+        run_id: unique.clone(),
+        content_hash: format!("blake3:{unique}"),
+        request_hash: format!("blake3:{unique}"),
+        content: r#"{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}"#
+            .to_owned(),
+        approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#
+            .to_owned(),
+        permissions: r#"["plans:submit"]"#.to_owned(),
+        received_at: plan_intake::intake::submit::now_micros(),
+    }
+}
+
+/// The baseline (the same two-row transaction, straight through diesel)
+/// and the database's own ceiling for the service's write (the call the
+/// service makes, `Database::write_plan`), both without HTTP.
+fn without_http(db: &Database, options: &Options) -> (Run, Run) {
+    let baseline_db = db.clone();
+    let baseline = drive(
+        options.concurrency,
+        options.duration,
+        |_| (),
+        move |_, client, sequence| {
+            let Ok(mut conn) = baseline_db.conn() else {
+                return false;
+            };
+            let plan = bench_plan("base", client, sequence);
+            hand_rolled_insert(&mut conn, &plan, &plan.run_id).is_ok()
+        },
+    );
+    let ceiling_db = db.clone();
+    let ceiling = drive(
+        options.concurrency,
+        options.duration,
+        |_| (),
+        move |_, client, sequence| {
+            let Ok(mut conn) = ceiling_db.conn() else {
+                return false;
+            };
+            let plan = bench_plan("ceil", client, sequence);
+            let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
+            ceiling_db
+                .write_plan(&mut conn, &plan, &plan.run_id, &deadline)
+                .is_ok()
+        },
+    );
+    (baseline, ceiling)
+}
+
+/// The HTTP scenarios against one service, each with its CPU cost per
+/// request (service, load generator), and the service's peak RSS.
+struct HttpRuns {
+    scenarios: Vec<(&'static str, Run, (f64, f64))>,
+    rss_mib: f64,
+}
+
+fn http_client(_: usize) -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+fn through_http(service: &Service, token: &str, options: &Options) -> HttpRuns {
+    // CPU milliseconds per request, of the service and of this load generator.
+    let measured = |run: Run, mark: (f64, f64)| {
+        let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
+        let cpu = (
+            per(service.cpu_seconds() - mark.0),
+            per(cpu_seconds_of("self") - mark.1),
         );
-        let baseline_rate = baseline.rate();
+        (run, cpu)
+    };
+    let cpu_mark = || (service.cpu_seconds(), cpu_seconds_of("self"));
+    let sender = || (service.addr.clone(), token.to_owned());
 
-        // The database's own ceiling for the service's write: the same call
-        // the service makes (`Database::write_plan`), without HTTP.
-        let ceiling_db = db.clone();
-        let ceiling = drive(
+    let (a, t) = sender();
+    let mark = cpu_mark();
+    let new_plans = measured(
+        drive(
             options.concurrency,
             options.duration,
-            |_| (),
-            move |_, client, sequence| {
-                let Ok(mut conn) = ceiling_db.conn() else {
-                    return false;
-                };
-                let plan = NewPlan {
-                    receipt_id: format!("rcpt_ceil_{client}_{sequence}"),
-                    maker: "bench".to_owned(),
-                    run_id: format!("ceil-{client}-{sequence}"),
-                    content_hash: format!("blake3:ceil-{client}-{sequence}"),
-                    request_hash: format!("blake3:ceil-{client}-{sequence}"),
-                    content: r#"{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}"#.to_owned(),
-                    approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#.to_owned(),
-                    permissions: r#"["plans:submit"]"#.to_owned(),
-                    received_at: plan_intake::intake::submit::now_micros(),
-                };
-                let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
-                ceiling_db
-                    .write_plan(
-                        &mut conn,
-                        &plan,
-                        &format!("ceil-{client}-{sequence}"),
-                        &deadline,
-                    )
-                    .is_ok()
-            },
-        );
-
-        let service = Service::start(&url, pool_size);
-        let addr = service.addr.clone();
-        let client = |_: usize| {
-            ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(30))
-                .build()
-        };
-        // CPU milliseconds per request, of the service and of this load generator.
-        let cpu_mark = || (service.cpu_seconds(), cpu_seconds_of("self"));
-        let cpu_per_request = |mark: (f64, f64), run: &Run| {
-            let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
-            (
-                per(service.cpu_seconds() - mark.0),
-                per(cpu_seconds_of("self") - mark.1),
-            )
-        };
-
-        let (a, t) = (addr.clone(), token.clone());
-        let mark = cpu_mark();
-        let new_plans = drive(
-            options.concurrency,
-            options.duration,
-            client,
+            http_client,
             move |agent, c, s| {
+                let key = format!("new-{c}-{s}");
+                post(agent, &a, &t, &key, &body(&key), &[201])
+            },
+        ),
+        mark,
+    );
+
+    let (a, t) = sender();
+    let mark = cpu_mark();
+    let replays = measured(
+        drive(
+            options.concurrency,
+            options.duration,
+            http_client,
+            move |agent, c, s| {
+                // Replays of keys the new-plan scenario created (client c, its first 200).
+                let key = format!("new-{c}-{}", s % 200);
+                post(agent, &a, &t, &key, &body(&key), &[200])
+            },
+        ),
+        mark,
+    );
+
+    let (a, t) = sender();
+    let contended_body = body("contended");
+    let mark = cpu_mark();
+    let contended = measured(
+        drive(
+            options.concurrency,
+            options.duration,
+            http_client,
+            move |agent, _, _| post(agent, &a, &t, "one-key", &contended_body, &[200, 201]),
+        ),
+        mark,
+    );
+    let rss_mib = service.peak_rss_mib();
+    HttpRuns {
+        scenarios: vec![
+            ("new plans", new_plans.0, new_plans.1),
+            ("replays", replays.0, replays.1),
+            ("one contended key", contended.0, contended.1),
+        ],
+        rss_mib,
+    }
+}
+
+/// New plans through PgBouncer to 1 and to 4 instances: the scenario, the
+/// run and the highest peak RSS among the instances.
+fn through_pgbouncer(
+    bouncer: &Bouncer,
+    pool_size: u32,
+    options: &Options,
+) -> Vec<(&'static str, Run, f64)> {
+    [
+        (1usize, "new plans, PgBouncer, 1 instance"),
+        (4, "new plans, PgBouncer, 4 instances"),
+    ]
+    .into_iter()
+    .map(|(instances, scenario)| {
+        let fleet: Vec<Service> = (0..instances)
+            .map(|_| {
+                Service::start_with(
+                    &bouncer.url,
+                    pool_size,
+                    &["--no-migrate", "--pg-pooler", "transaction"],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = fleet.iter().map(|s| s.addr.clone()).collect();
+        let t = bouncer.token.clone();
+        let run = drive(
+            options.concurrency,
+            options.duration,
+            http_client,
+            move |agent, c, s| {
+                let key = format!("pgb{instances}-{c}-{s}");
                 post(
                     agent,
-                    &a,
+                    &addrs[c % addrs.len()],
                     &t,
-                    &format!("new-{c}-{s}"),
-                    &body(&format!("new-{c}-{s}")),
+                    &key,
+                    &body(&key),
                     &[201],
                 )
             },
         );
-        let new_cpu = cpu_per_request(mark, &new_plans);
+        let rss = fleet.iter().map(Service::peak_rss_mib).fold(0.0, f64::max);
+        (scenario, run, rss)
+    })
+    .collect()
+}
 
-        let (a, t) = (addr.clone(), token.clone());
-        let mark = cpu_mark();
-        let replays = drive(
-            options.concurrency,
-            options.duration,
-            client,
-            move |agent, c, s| {
-                // Replays of keys the new-plan scenario created (client c, its first 200).
-                let n = s % 200;
-                post(
-                    agent,
-                    &a,
-                    &t,
-                    &format!("new-{c}-{n}"),
-                    &body(&format!("new-{c}-{n}")),
-                    &[200],
-                )
-            },
-        );
-        let replay_cpu = cpu_per_request(mark, &replays);
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
 
-        let (a, t) = (addr.clone(), token.clone());
-        let contended_body = body("contended");
-        let mark = cpu_mark();
-        let contended = drive(
-            options.concurrency,
-            options.duration,
-            client,
-            move |agent, _, _| post(agent, &a, &t, "one-key", &contended_body, &[200, 201]),
-        );
-        let contended_cpu = cpu_per_request(mark, &contended);
-        let rss = service.peak_rss_mib();
-
-        let orders = {
-            let mut conn = db.conn().expect("connection");
-            plan_intake::intake::login::create(
-                &mut conn,
-                "bench-orders",
-                &[Permission::ReceiptsRead],
-            )
-            .expect("login")
-        };
-        push_rows.push((
-            backend,
-            "the same instance",
-            push_latency(&addr, &addr, &token, &orders, PUSH_SAMPLES),
-        ));
-        if backend == "postgres" {
-            let other = Service::start(&url, pool_size);
-            push_rows.push((
-                backend,
-                "another instance",
-                push_latency(&addr, &other.addr, &token, &orders, PUSH_SAMPLES),
-            ));
-        }
-        drop(service);
-
-        let ratio = |run: &Run| Some(run.rate() / baseline_rate);
-        rows.push(Row {
-            backend,
-            scenario: "baseline (diesel, no HTTP)",
-            rss_mib: None,
-            ratio: Some(1.0),
-            cpu: None,
-            run: baseline,
-        });
-        rows.push(Row {
-            backend,
-            scenario: "the service's write, no HTTP (ceiling)",
-            rss_mib: None,
-            ratio: ratio(&ceiling),
-            cpu: None,
-            run: ceiling,
-        });
-        if backend == "postgres"
-            && let Some(bouncer) = Bouncer::start(&options.postgres_url)
-        {
-            for instances in [1usize, 4] {
-                let fleet: Vec<Service> = (0..instances)
-                    .map(|_| {
-                        Service::start_with(
-                            &bouncer.url,
-                            pool_size,
-                            &["--no-migrate", "--pg-pooler", "transaction"],
-                        )
-                    })
-                    .collect();
-                let addrs: Vec<String> = fleet.iter().map(|s| s.addr.clone()).collect();
-                let t = bouncer.token.clone();
-                let run = drive(
-                    options.concurrency,
-                    options.duration,
-                    client,
-                    move |agent, c, s| {
-                        let key = format!("pgb{instances}-{c}-{s}");
-                        post(
-                            agent,
-                            &addrs[c % addrs.len()],
-                            &t,
-                            &key,
-                            &body(&key),
-                            &[201],
-                        )
-                    },
-                );
-                let rss = fleet.iter().map(Service::peak_rss_mib).fold(0.0, f64::max);
-                rows.push(Row {
-                    backend,
-                    scenario: if instances == 1 {
-                        "new plans, PgBouncer, 1 instance"
-                    } else {
-                        "new plans, PgBouncer, 4 instances"
-                    },
-                    rss_mib: Some(rss),
-                    ratio: ratio(&run),
-                    cpu: None,
-                    run,
-                });
-            }
-        }
-        rows.push(Row {
-            backend,
-            scenario: "new plans",
-            rss_mib: Some(rss),
-            ratio: ratio(&new_plans),
-            cpu: Some(new_cpu),
-            run: new_plans,
-        });
-        rows.push(Row {
-            backend,
-            scenario: "replays",
-            rss_mib: Some(rss),
-            ratio: ratio(&replays),
-            cpu: Some(replay_cpu),
-            run: replays,
-        });
-        rows.push(Row {
-            backend,
-            scenario: "one contended key",
-            rss_mib: Some(rss),
-            ratio: ratio(&contended),
-            cpu: Some(contended_cpu),
-            run: contended,
-        });
-        drop(db);
-        cleanup();
-    }
-
+/// Both tables on stdout, and the figures as JSON in `target/bench-intake.json`.
+fn print_report(options: &Options, rows: &[Row], push_rows: &[PushRow]) {
     println!(
         "\nconcurrency {}, {} s per scenario, {} cores\n",
         options.concurrency,
         options.duration.as_secs(),
         thread::available_parallelism().map_or(0, |n| n.get())
     );
+    let json_rows = print_throughput(rows);
+    let json_push = print_push(push_rows);
+    let report = json!({
+        "concurrency": options.concurrency,
+        "duration_seconds": options.duration.as_secs(),
+        "rows": json_rows,
+        "push": json_push,
+    });
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-intake.json");
+    match std::fs::write(
+        path,
+        serde_json::to_string_pretty(&report).unwrap_or_default(),
+    ) {
+        Ok(()) => println!("\nwritten to {path}"),
+        Err(e) => eprintln!("cannot write {path}: {e}"),
+    }
+}
+
+fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
     println!(
         "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | service / baseline | CPU ms/request: service, load generator |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut json_rows = Vec::new();
-    for row in &rows {
+    for row in rows {
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             row.backend,
@@ -823,13 +853,17 @@ fn main() {
             "load_generator_cpu_ms_per_request": row.cpu.map(|c| c.1),
         }));
     }
+    json_rows
+}
+
+fn print_push(push_rows: &[PushRow]) -> Vec<serde_json::Value> {
     println!(
         "\npush: from a plan's 201 to a waiting reader's answer (`wait=30`), {PUSH_SAMPLES} plans one at a time\n"
     );
     println!("| backend | reader on | plans seen | p50 ms | p99 ms | max ms | not seen |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     let mut json_push = Vec::new();
-    for (backend, reader, run) in &push_rows {
+    for (backend, reader, run) in push_rows {
         println!(
             "| {backend} | {reader} | {} | {:.2} | {:.2} | {:.2} | {} |",
             run.latencies.len(),
@@ -844,18 +878,5 @@ fn main() {
             "max_ms": ms(run.percentile(1.0)), "not_seen": run.errors,
         }));
     }
-    let report = json!({
-        "concurrency": options.concurrency,
-        "duration_seconds": options.duration.as_secs(),
-        "rows": json_rows,
-        "push": json_push,
-    });
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-intake.json");
-    match std::fs::write(
-        path,
-        serde_json::to_string_pretty(&report).unwrap_or_default(),
-    ) {
-        Ok(()) => println!("\nwritten to {path}"),
-        Err(e) => eprintln!("cannot write {path}: {e}"),
-    }
+    json_push
 }

@@ -7,14 +7,14 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use diesel::RunQueryDsl;
-use diesel::connection::SimpleConnection;
 
 use crate::intake::login::LoginError;
 use crate::intake::{IdempotencyKey, Intake, Login, Permission, RetryPolicy, SubmitError, body};
 use crate::metrics::Metrics;
 use crate::storage::catalog;
 use crate::storage::{
-    Backend, Database, DatabaseTarget, DbConn, MigrateOnOpen, PoolOptions, StorageError, migrations,
+    Backend, Database, DatabaseTarget, DbConn, MigrateOnOpen, PoolOptions, ScratchSchema,
+    StorageError, migrations,
 };
 use crate::with_conn;
 
@@ -89,15 +89,15 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
             result: feed_invariant(&mut conn),
         },
     ];
-    match Scratch::create(&target, &mut conn) {
+    match Scratch::create(&target) {
         Ok(scratch) => {
             checks.push(Check {
                 name: "blank run refused by the table",
-                result: blank_run_refused(&scratch.url),
+                result: blank_run_refused(scratch.url()),
             });
             checks.push(Check {
                 name: "one winner among contending processes",
-                result: one_winner(&scratch.url),
+                result: one_winner(scratch.url()),
             });
         }
         Err(e) => checks.push(Check {
@@ -307,70 +307,53 @@ fn count(conn: &mut DbConn, table: &str) -> Result<i64, VerifyError> {
 
 /// A migrated store of verify's own: a fresh schema in the configured
 /// Postgres database, or a temporary SQLite file. Removed on drop.
-struct Scratch {
-    url: String,
-    cleanup: Cleanup,
-    admin_url: String,
-}
-
-enum Cleanup {
-    Schema(String),
-    Files(std::path::PathBuf),
+enum Scratch {
+    Schema(ScratchSchema),
+    File {
+        url: String,
+        path: std::path::PathBuf,
+    },
 }
 
 impl Scratch {
-    fn create(target: &DatabaseTarget, conn: &mut DbConn) -> Result<Self, VerifyError> {
-        let tag = format!("{}_{:08x}", std::process::id(), rand::random::<u32>());
+    fn create(target: &DatabaseTarget) -> Result<Self, VerifyError> {
         let scratch = match target {
-            DatabaseTarget::Postgres(url) => {
-                let schema = format!("plan_intake_verify_{tag}");
-                with_conn!(conn, c => c.batch_execute(&format!("CREATE SCHEMA {schema}")))
-                    .map_err(|e| VerifyError::could_not("cannot create a scratch schema", e))?;
-                let separator = if url.contains('?') { '&' } else { '?' };
-                Scratch {
-                    url: format!("{url}{separator}options=-csearch_path%3D{schema}"),
-                    cleanup: Cleanup::Schema(schema),
-                    admin_url: url.clone(),
-                }
-            }
+            DatabaseTarget::Postgres(url) => Scratch::Schema(
+                ScratchSchema::create(url, "plan_intake_verify")
+                    .map_err(|e| VerifyError::could_not("cannot create a scratch schema", e))?,
+            ),
             DatabaseTarget::Sqlite(_) => {
-                let path = std::env::temp_dir().join(format!("plan-intake-verify-{tag}.db"));
-                Scratch {
+                let path = std::env::temp_dir().join(format!(
+                    "plan-intake-verify-{}_{:08x}.db",
+                    std::process::id(),
+                    rand::random::<u32>()
+                ));
+                Scratch::File {
                     url: format!("sqlite://{}", path.display()),
-                    cleanup: Cleanup::Files(path),
-                    admin_url: String::new(),
+                    path,
                 }
             }
         };
-        Database::open(&scratch.url, &PoolOptions::default(), MigrateOnOpen::Apply)
+        Database::open(scratch.url(), &PoolOptions::default(), MigrateOnOpen::Apply)
             .map_err(|e| VerifyError::could_not("cannot migrate the scratch store", e))?;
         Ok(scratch)
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Scratch::Schema(schema) => &schema.url,
+            Scratch::File { url, .. } => url,
+        }
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        match &self.cleanup {
-            Cleanup::Schema(schema) => {
-                let dropped = DatabaseTarget::parse(&self.admin_url)
-                    .ok()
-                    .and_then(|target| {
-                        let manager = crate::storage::Manager::new(target, &PoolOptions::default());
-                        diesel::r2d2::ManageConnection::connect(&manager).ok()
-                    })
-                    .map(|mut conn| {
-                        with_conn!(&mut conn, c => c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
-                    });
-                if !matches!(dropped, Some(Ok(()))) {
-                    eprintln!("plan-intake: warning: could not drop the scratch schema {schema}");
-                }
-            }
-            Cleanup::Files(path) => {
-                for suffix in ["", "-wal", "-shm"] {
-                    let mut file = path.clone().into_os_string();
-                    file.push(suffix);
-                    let _ = std::fs::remove_file(file);
-                }
+        if let Scratch::File { path, .. } = self {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut file = path.clone().into_os_string();
+                file.push(suffix);
+                let _ = std::fs::remove_file(file);
             }
         }
     }

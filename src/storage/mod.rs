@@ -12,6 +12,7 @@ pub mod logins;
 pub mod migrations;
 pub mod plans;
 mod pool;
+mod scratch;
 
 pub use errors::StorageError;
 pub use feed_signal::FeedSignal;
@@ -19,6 +20,7 @@ pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
     build_pool, redact,
 };
+pub use scratch::ScratchSchema;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

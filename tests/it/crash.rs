@@ -6,26 +6,18 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
-use std::time::Duration;
 
 use diesel::{Connection, PgConnection};
 use plan_intake::storage::DbConn;
 
 use crate::support::cluster::TempCluster;
-use crate::support::process::{ServeProcess, client, post_plan, run_cli_at};
-use crate::support::{plan_body, scalar, stored_receipt_ids};
+use crate::support::load::{Load, Sent, resend};
+use crate::support::process::{ServeProcess, client, run_cli_at};
+use crate::support::{scalar, stored_receipt_ids};
 
 const CLIENTS: usize = 8;
 const CRASHES: usize = 5;
-
-struct Sent {
-    key: String,
-    body: String,
-    status: u16,
-    receipt: Option<String>,
-}
 
 #[test]
 fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
@@ -40,63 +32,24 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
     );
     let token = String::from_utf8_lossy(&token.stdout).trim().to_owned();
 
-    let answered = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (addr, token) = (service.addr.clone(), token.clone());
-            let (answered, stop) = (Arc::clone(&answered), Arc::clone(&stop));
-            thread::spawn(move || {
-                let agent = client();
-                let mut sent = Vec::new();
-                for i in 0.. {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let key = format!("k-{c}-{i}");
-                    let body = plan_body(&format!("run-{c}-{i}"), "x");
-                    let (status, answer) =
-                        post_plan(&agent, &addr, &token, &key, &body).expect("the service answers");
-                    answered.fetch_add(1, Ordering::SeqCst);
-                    let receipt = answer["receipt_id"].as_str().map(str::to_owned);
-                    sent.push(Sent {
-                        key,
-                        body,
-                        status,
-                        receipt,
-                    });
-                }
-                sent
-            })
-        })
-        .collect();
-
+    let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
     for _ in 0..CRASHES {
-        let before = answered.load(Ordering::SeqCst);
-        while answered.load(Ordering::SeqCst) < before + 40 {
-            thread::sleep(Duration::from_millis(5));
-        }
+        load.wait_for_answers(40);
         cluster.restart_immediate();
     }
-    let until = answered.load(Ordering::SeqCst) + 40;
-    while answered.load(Ordering::SeqCst) < until {
-        thread::sleep(Duration::from_millis(5));
-    }
-    stop.store(true, Ordering::SeqCst);
-    let sent: Vec<Sent> = clients
-        .into_iter()
-        .flat_map(|c| c.join().expect("client thread"))
-        .collect();
+    load.wait_for_answers(40);
+    let sent = load.stop();
 
-    let statuses: HashSet<u16> = sent.iter().map(|s| s.status).collect();
+    let statuses: HashSet<Option<u16>> = sent.iter().map(Sent::status).collect();
     assert!(
-        statuses.iter().all(|s| [200, 201, 503].contains(s)),
-        "answers other than 201/200/503: {statuses:?}"
+        statuses
+            .iter()
+            .all(|s| [Some(200), Some(201), Some(503)].contains(s)),
+        "answers other than 201/200/503 (None: no answer): {statuses:?}"
     );
     let mut conn = DbConn::Postgres(PgConnection::establish(&url).expect("connect"));
     let stored = stored_receipt_ids(&mut conn);
-    for s in sent.iter().filter(|s| s.status == 201) {
-        let receipt = s.receipt.as_deref().unwrap_or_default();
+    for receipt in sent.iter().filter_map(Sent::created_receipt) {
         assert!(stored.contains(receipt), "a 201 was lost: {receipt}");
     }
 
@@ -109,24 +62,10 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
             thread::spawn(move || {
                 let agent = client();
                 for s in sent.iter().skip(c).step_by(CLIENTS) {
-                    let mut attempts = 0;
-                    let (status, answer) = loop {
-                        let (status, answer) =
-                            post_plan(&agent, &addr, &token, &s.key, &s.body).expect("answer");
-                        attempts += 1;
-                        if status != 503 || attempts == 50 {
-                            break (status, answer);
-                        }
-                        thread::sleep(Duration::from_millis(100));
-                    };
+                    let (status, answer) = resend(&agent, &addr, &token, s);
                     assert!([200, 201].contains(&status), "{}: {status} {answer}", s.key);
-                    if s.status == 201 {
-                        assert_eq!(
-                            answer["receipt_id"].as_str(),
-                            s.receipt.as_deref(),
-                            "{}",
-                            s.key
-                        );
+                    if let Some(receipt) = s.created_receipt() {
+                        assert_eq!(answer["receipt_id"].as_str(), Some(receipt), "{}", s.key);
                     }
                 }
             })
@@ -142,7 +81,7 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
         "SELECT COUNT(*) AS n FROM plans p WHERE NOT EXISTS (SELECT 1 FROM intake_keys k WHERE k.plan_id = p.id)",
     );
     assert_eq!(keyless, 0, "a plan without its key");
-    let by_status = |code| sent.iter().filter(|s| s.status == code).count();
+    let by_status = |code| sent.iter().filter(|s| s.status() == Some(code)).count();
     eprintln!(
         "crash test: {} requests, {} × 201, {} × 503 during {CRASHES} crashes",
         sent.len(),

@@ -4,13 +4,12 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::Duration;
 
 use diesel::{Connection, PgConnection};
 use plan_intake::storage::DbConn;
 
+use crate::support::load::{Load, Sent, resend};
 use crate::support::pgbouncer::PgBouncer;
 use crate::support::process::{ServeProcess, client, get, post_plan, run_cli_at};
 use crate::support::{plan_body, scalar};
@@ -185,65 +184,27 @@ fn pgbouncer_killed_and_restarted_under_load_loses_nothing() {
     let Some(fleet) = Fleet::start() else {
         return;
     };
-    let fleet = Arc::new(fleet);
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..INSTANCES)
-        .map(|c| {
-            let (fleet, stop) = (Arc::clone(&fleet), Arc::clone(&stop));
-            thread::spawn(move || {
-                let agent = client();
-                let mut sent = Vec::new();
-                for i in 0.. {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let key = format!("k-{c}-{i}");
-                    let body = plan_body(&key, "x");
-                    let (status, answer) =
-                        post_plan(&agent, &fleet.addr(c), &fleet.planner, &key, &body)
-                            .expect("the service answers");
-                    sent.push((
-                        key,
-                        body,
-                        status,
-                        answer["receipt_id"].as_str().map(str::to_owned),
-                    ));
-                }
-                sent
-            })
-        })
-        .collect();
+    let load = Load::start(INSTANCES, &fleet.planner, |c| fleet.addr(c));
     for _ in 0..3 {
-        thread::sleep(Duration::from_millis(400));
+        load.wait_for_answers(100);
         fleet.bouncer.kill_9_and_restart();
     }
-    thread::sleep(Duration::from_millis(400));
-    stop.store(true, Ordering::SeqCst);
-    let sent: Vec<_> = clients
-        .into_iter()
-        .flat_map(|c| c.join().expect("client"))
-        .collect();
-    let statuses: HashSet<u16> = sent.iter().map(|s| s.2).collect();
+    load.wait_for_answers(100);
+    let sent = load.stop();
+    let statuses: HashSet<Option<u16>> = sent.iter().map(Sent::status).collect();
     assert!(
-        statuses.iter().all(|s| [200, 201, 503].contains(s)),
-        "{statuses:?}"
+        statuses
+            .iter()
+            .all(|s| [Some(200), Some(201), Some(503)].contains(s)),
+        "answers other than 201/200/503 (None: no answer): {statuses:?}"
     );
 
     let agent = client();
-    for (i, (key, body, status, receipt)) in sent.iter().enumerate() {
-        let mut attempts = 0;
-        let (again, answer) = loop {
-            let answer =
-                post_plan(&agent, &fleet.addr(i), &fleet.planner, key, body).expect("answer");
-            attempts += 1;
-            if answer.0 != 503 || attempts == 50 {
-                break answer;
-            }
-            thread::sleep(Duration::from_millis(100));
-        };
-        assert!([200, 201].contains(&again), "{key}: {again} {answer}");
-        if *status == 201 {
-            assert_eq!(answer["receipt_id"].as_str(), receipt.as_deref(), "{key}");
+    for (i, s) in sent.iter().enumerate() {
+        let (again, answer) = resend(&agent, &fleet.addr(i), &fleet.planner, s);
+        assert!([200, 201].contains(&again), "{}: {again} {answer}", s.key);
+        if let Some(receipt) = s.created_receipt() {
+            assert_eq!(answer["receipt_id"].as_str(), Some(receipt), "{}", s.key);
         }
     }
     let mut conn = fleet.direct();

@@ -2,23 +2,15 @@
 //! services racing for one key on one Postgres.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
 use plan_intake::intake::Permission;
 
+use crate::support::load::{Load, Sent};
 use crate::support::process::{ServeProcess, client, post_plan};
 use crate::support::{TestApp, TestDb, plan_body, scalar};
 
 const CLIENTS: usize = 8;
-
-/// What one client sent and what it heard.
-struct Sent {
-    key: String,
-    body: String,
-    created_receipt: Option<String>,
-}
 
 fn kill_9_under_load_then_restart_keeps_every_receipt_once(scratch: TestDb) {
     let url = scratch.url.clone();
@@ -26,61 +18,23 @@ fn kill_9_under_load_then_restart_keeps_every_receipt_once(scratch: TestDb) {
     let token = app.login("planner-a", &[Permission::PlansSubmit]);
     let server = ServeProcess::start(&url);
 
-    let created = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (addr, token, created, stop) = (
-                server.addr.clone(),
-                token.clone(),
-                Arc::clone(&created),
-                Arc::clone(&stop),
-            );
-            thread::spawn(move || {
-                let agent = client();
-                let mut sent = Vec::new();
-                for i in 0.. {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let key = format!("k-{c}-{i}");
-                    let body = plan_body(&format!("run-{c}-{i}"), "x");
-                    let answer = post_plan(&agent, &addr, &token, &key, &body);
-                    let created_receipt = match &answer {
-                        Ok((201, receipt)) => receipt["receipt_id"].as_str().map(str::to_owned),
-                        Ok((status, problem)) => panic!("unexpected {status}: {problem}"),
-                        Err(_) => None,
-                    };
-                    if created_receipt.is_some() {
-                        created.fetch_add(1, Ordering::SeqCst);
-                    }
-                    sent.push(Sent {
-                        key,
-                        body,
-                        created_receipt,
-                    });
-                    if answer.is_err() {
-                        break; // the server is gone
-                    }
-                }
-                sent
-            })
-        })
-        .collect();
-
+    let load = Load::start(CLIENTS, &token, |_| server.addr.clone());
     // Kill while every client is mid-stream: after enough plans are in.
-    while created.load(Ordering::SeqCst) < 60 {
-        thread::yield_now();
-    }
+    load.wait_for_created(60);
     server.kill_9();
-    stop.store(true, Ordering::SeqCst);
-    let sent: Vec<Sent> = clients
-        .into_iter()
-        .flat_map(|c| c.join().expect("client thread"))
+    let sent = load.stop();
+    let unexpected: Vec<&(u16, serde_json::Value)> = sent
+        .iter()
+        .filter_map(|s| s.answer.as_ref())
+        .filter(|(status, _)| *status != 201)
         .collect();
+    assert!(
+        unexpected.is_empty(),
+        "answers other than 201: {unexpected:?}"
+    );
 
     let mut conn = app.conn();
-    for s in sent.iter().filter_map(|s| s.created_receipt.as_ref()) {
+    for s in sent.iter().filter_map(Sent::created_receipt) {
         assert!(
             app.stored(s).is_some(),
             "receipt {s} was answered 201 but is not in the database"
@@ -102,9 +56,9 @@ fn kill_9_under_load_then_restart_keeps_every_receipt_once(scratch: TestDb) {
             "resend of {} got {status}: {receipt}",
             s.key
         );
-        if let Some(original) = &s.created_receipt {
+        if let Some(original) = s.created_receipt() {
             assert_eq!(status, 200, "{} was created twice", s.key);
-            assert_eq!(receipt["receipt_id"], original.as_str());
+            assert_eq!(receipt["receipt_id"], original);
         }
     }
     assert_eq!(app.count("plans"), sent.len() as i64, "one plan per run");

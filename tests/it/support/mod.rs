@@ -2,12 +2,12 @@
 //! Postgres schema, built by the real migrations and removed on drop.
 
 pub mod cluster;
+pub mod load;
 pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use actix_web::body::BoxBody;
@@ -21,7 +21,7 @@ use plan_intake::config::HttpConfig;
 use plan_intake::http::{self, AppState};
 use plan_intake::intake::{Intake, Permission, RetryPolicy};
 use plan_intake::metrics::Metrics;
-use plan_intake::storage::{Backend, Database, DbConn, MigrateOnOpen, PoolOptions};
+use plan_intake::storage::{Backend, Database, DbConn, MigrateOnOpen, PoolOptions, ScratchSchema};
 use serde_json::Value;
 
 /// Where the Postgres tests find a server: this variable, or the local default.
@@ -62,7 +62,9 @@ pub fn postgres_available() -> bool {
 pub struct TestDb {
     pub backend: Backend,
     pub url: String,
+    /// Postgres: the scratch schema's name.
     pub schema: Option<String>,
+    _scratch: Option<ScratchSchema>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -74,6 +76,7 @@ impl TestDb {
             backend: Backend::Sqlite,
             url: format!("sqlite://{}", path.display()),
             schema: None,
+            _scratch: None,
             _dir: Some(dir),
         }
     }
@@ -83,23 +86,13 @@ impl TestDb {
         if !postgres_available() {
             return None;
         }
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let schema = format!(
-            "it_{}_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            rand::random::<u32>()
-        );
-        let base = postgres_base_url();
-        let mut admin = PgConnection::establish(&base).expect("connect to Postgres");
-        admin
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .expect("create test schema");
-        let separator = if base.contains('?') { '&' } else { '?' };
+        let scratch =
+            ScratchSchema::create(&postgres_base_url(), "it").expect("create test schema");
         Some(Self {
             backend: Backend::Postgres,
-            url: format!("{base}{separator}options=-csearch_path%3D{schema}"),
-            schema: Some(schema),
+            url: scratch.url.clone(),
+            schema: Some(scratch.name.clone()),
+            _scratch: Some(scratch),
             _dir: None,
         })
     }
@@ -126,16 +119,6 @@ impl TestDb {
             ..PoolOptions::default()
         };
         Database::open(&self.url, &options, migrate).expect("open test database")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Some(schema) = &self.schema
-            && let Ok(mut admin) = PgConnection::establish(&postgres_base_url())
-        {
-            let _ = admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-        }
     }
 }
 

@@ -1,0 +1,129 @@
+//! Load as the process tests make it: clients posting new plans to running
+//! services until told to stop, and a resend of each with its key.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::plan_body;
+use super::process::{client, post_plan};
+
+/// One request a client sent, and its answer (`None`: no HTTP answer came
+/// back, and that client stopped there).
+pub struct Sent {
+    pub key: String,
+    pub body: String,
+    pub answer: Option<(u16, Value)>,
+}
+
+impl Sent {
+    pub fn status(&self) -> Option<u16> {
+        self.answer.as_ref().map(|(status, _)| *status)
+    }
+
+    /// The receipt id of a 201.
+    pub fn created_receipt(&self) -> Option<&str> {
+        match &self.answer {
+            Some((201, receipt)) => receipt["receipt_id"].as_str(),
+            _ => None,
+        }
+    }
+}
+
+/// `clients` threads, client `c` posting to `addr(c)` with `token`: each
+/// request a new plan under a new key (`k-{c}-{i}`, run `run-{c}-{i}`).
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
+    created: Arc<AtomicUsize>,
+    clients: Vec<JoinHandle<Vec<Sent>>>,
+}
+
+impl Load {
+    pub fn start(clients: usize, token: &str, addr: impl Fn(usize) -> String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let created = Arc::new(AtomicUsize::new(0));
+        let clients = (0..clients)
+            .map(|c| {
+                let (addr, token) = (addr(c), token.to_owned());
+                let (stop, answered, created) = (
+                    Arc::clone(&stop),
+                    Arc::clone(&answered),
+                    Arc::clone(&created),
+                );
+                thread::spawn(move || {
+                    let agent = client();
+                    let mut sent = Vec::new();
+                    for i in 0.. {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let key = format!("k-{c}-{i}");
+                        let body = plan_body(&format!("run-{c}-{i}"), "x");
+                        let answer = post_plan(&agent, &addr, &token, &key, &body).ok();
+                        let gone = answer.is_none();
+                        if let Some((status, _)) = &answer {
+                            answered.fetch_add(1, Ordering::SeqCst);
+                            if *status == 201 {
+                                created.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        sent.push(Sent { key, body, answer });
+                        if gone {
+                            break;
+                        }
+                    }
+                    sent
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            answered,
+            created,
+            clients,
+        }
+    }
+
+    /// Returns once `more` further requests have been answered.
+    pub fn wait_for_answers(&self, more: usize) {
+        let until = self.answered.load(Ordering::SeqCst) + more;
+        while self.answered.load(Ordering::SeqCst) < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Returns once `count` plans in all have been answered 201.
+    pub fn wait_for_created(&self, count: usize) {
+        while self.created.load(Ordering::SeqCst) < count {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops every client after its request in flight; what they all sent.
+    pub fn stop(self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("load client"))
+            .collect()
+    }
+}
+
+/// POSTs `sent` again with its key until it is not a 503 (at most 50 tries,
+/// 100 ms apart); the last answer.
+pub fn resend(agent: &ureq::Agent, addr: &str, token: &str, sent: &Sent) -> (u16, Value) {
+    let mut attempts = 0;
+    loop {
+        let answer = post_plan(agent, addr, token, &sent.key, &sent.body).expect("an answer");
+        attempts += 1;
+        if answer.0 != 503 || attempts == 50 {
+            return answer;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
