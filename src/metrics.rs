@@ -3,7 +3,8 @@
 
 use crate::storage::errors::TransientCause;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 #[derive(Clone)]
@@ -19,8 +20,8 @@ pub struct Metrics {
     pool_idle: IntGauge,
     pool_waiters: IntGauge,
     feed_waiting: IntGauge,
-    feed_wakeups: prometheus::IntCounter,
-    feed_lag: prometheus::Gauge,
+    feed_wakeups: IntCounter,
+    feed_lag: Gauge,
 }
 
 /// Every label value each counter can take, so every series exists at 0
@@ -78,117 +79,119 @@ impl UnknownCommitBranch {
     }
 }
 
-/// A counter family with each of `values` present at 0.
-fn counter(name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
-    let family =
-        IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric definition"); // ok: constant, checked by every test
-    for value in values {
-        family.with_label_values(&[value]);
+/// Makes each metric and registers it in one registry, as it is defined.
+/// Definitions are constants: a failure here is a bug every test would hit.
+struct Definer<'a>(&'a Registry);
+
+impl Definer<'_> {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, metric: C) -> C {
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("metric registered once"); // ok: constant, checked by every test
+        metric
     }
-    family
+
+    /// A counter family with each of `values` present at 0.
+    fn counters(&self, name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
+        let family =
+            IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric definition"); // ok: constant
+        for value in values {
+            family.with_label_values(&[value]);
+        }
+        self.register(family)
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect("valid metric definition")) // ok: constant
+    }
+
+    fn int_gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).expect("valid metric definition")) // ok: constant
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> Gauge {
+        self.register(Gauge::new(name, help).expect("valid metric definition")) // ok: constant
+    }
+
+    fn histograms(&self, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.register(HistogramVec::new(opts, labels).expect("valid metric definition")) // ok: constant
+    }
 }
 
-fn gauge(name: &str, help: &str) -> IntGauge {
-    IntGauge::new(name, help).expect("valid metric definition") // ok: constant
-}
+/// Request latency buckets, in seconds: 1 ms to 5 s.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 impl Metrics {
     pub fn new() -> Self {
+        let registry = Registry::new();
+        let define = Definer(&registry);
         let retry_classes: Vec<&str> = TransientCause::ALL.iter().map(|c| c.as_str()).collect();
         let branches: Vec<&str> = UnknownCommitBranch::ALL
             .iter()
             .map(|b| b.as_str())
             .collect();
-        let metrics = Self {
-            registry: Registry::new(),
-            outcomes: counter(
+        Self {
+            outcomes: define.counters(
                 "plan_intake_outcomes_total",
                 "Answers to POST /v1/plans, by outcome",
                 "outcome",
                 &OUTCOMES,
             ),
-            retries: counter(
+            retries: define.counters(
                 "plan_intake_retries_total",
                 "Writes retried, by failure class",
                 "class",
                 &retry_classes,
             ),
-            unknown_commits: counter(
+            unknown_commits: define.counters(
                 "plan_intake_unknown_commit_total",
                 "COMMITs with an unknown outcome, by how the re-read settled them",
                 "branch",
                 &branches,
             ),
-            timeouts: counter(
+            timeouts: define.counters(
                 "plan_intake_request_timeouts_total",
                 "Requests answered 503 because their deadline passed, by route pattern",
                 "route",
                 &TIMED_ROUTES,
             ),
-            group_commit_failures: counter(
+            group_commit_failures: define.counters(
                 "plan_intake_group_commit_failures_total",
                 "SQLite writers answered 503 because their shared batch failed, by reason",
                 "reason",
                 &GROUP_COMMIT_FAILURES,
             ),
-            request_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "plan_intake_http_request_duration_seconds",
-                    "HTTP request latency, by route pattern and status",
-                )
-                .buckets(vec![
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                ]),
+            request_seconds: define.histograms(
+                "plan_intake_http_request_duration_seconds",
+                "HTTP request latency, by route pattern and status",
                 &["route", "status"],
-            )
-            .expect("valid metric definition"), // ok: constant
-            pool_connections: gauge(
+                &LATENCY_BUCKETS,
+            ),
+            pool_connections: define.int_gauge(
                 "plan_intake_db_pool_connections",
                 "Database connections open in the pool",
             ),
-            pool_idle: gauge("plan_intake_db_pool_idle", "Open connections not in use"),
-            pool_waiters: gauge(
+            pool_idle: define.int_gauge("plan_intake_db_pool_idle", "Open connections not in use"),
+            pool_waiters: define.int_gauge(
                 "plan_intake_db_pool_waiters",
                 "Requests waiting for a database connection",
             ),
-            feed_waiting: gauge(
+            feed_waiting: define.int_gauge(
                 "plan_intake_feed_waiting_readers",
                 "Feed readers waiting (wait=S) for a receipt past their cursor",
             ),
-            feed_wakeups: prometheus::IntCounter::new(
+            feed_wakeups: define.counter(
                 "plan_intake_feed_wakeups_total",
                 "Waiting feed readers woken by a write (any instance's)",
-            )
-            .expect("valid metric definition"), // ok: constant
-            feed_lag: prometheus::Gauge::new(
+            ),
+            feed_lag: define.gauge(
                 "plan_intake_feed_lag_seconds",
                 "Age of the oldest write still holding the feed back, as of the last feed read",
-            )
-            .expect("valid metric definition"), // ok: constant
-        };
-        metrics.register_all();
-        metrics
-    }
-
-    fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 12] = [
-            Box::new(self.feed_waiting.clone()),
-            Box::new(self.feed_wakeups.clone()),
-            Box::new(self.feed_lag.clone()),
-            Box::new(self.outcomes.clone()),
-            Box::new(self.retries.clone()),
-            Box::new(self.unknown_commits.clone()),
-            Box::new(self.timeouts.clone()),
-            Box::new(self.group_commit_failures.clone()),
-            Box::new(self.request_seconds.clone()),
-            Box::new(self.pool_connections.clone()),
-            Box::new(self.pool_idle.clone()),
-            Box::new(self.pool_waiters.clone()),
-        ];
-        for collector in collectors {
-            self.registry
-                .register(collector)
-                .expect("metric registered once"); // ok: a fresh registry
+            ),
+            registry,
         }
     }
 

@@ -167,9 +167,7 @@ impl Intake {
                 Ok(Written::KeyHeld {
                     request_hash,
                     plan: row,
-                }) => {
-                    return replay_or_refuse(&request_hash, &plan, row);
-                }
+                }) => return replay_or_refuse(&request_hash, &plan, row),
                 Err(failure) => failure,
             };
             let log = Attempt {
@@ -181,56 +179,60 @@ impl Intake {
                 drop(conn);
                 return Err(self.batch_failed(batch, &log));
             }
-            let class = classify(&failure.error, failure.commit_sent, failure.connection_lost);
-            match class {
-                FailureClass::Conflict => {
-                    return resolve_conflict(&mut conn, &plan, key, failure.error);
-                }
+            let error = failure.error;
+            match classify(&error, failure.commit_sent, failure.connection_lost) {
+                FailureClass::Conflict => return resolve_conflict(&mut conn, &plan, key, error),
                 FailureClass::Transient(cause) => {
                     // A broken connection goes back and is discarded by the pool.
                     drop(conn);
-                    self.back_off(cause, failure.error, deadline, &log)?;
+                    self.back_off(cause, error, deadline, &log)?;
                 }
                 FailureClass::UnknownOutcome => {
                     drop(conn);
-                    tracing::warn!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "COMMIT outcome unknown; re-reading");
-                    // Err(error): nothing under the key, so it did not land.
-                    match self.settle_unknown_commit(&log, &plan, failure.error, deadline)? {
-                        Ok(accepted) => return Ok(accepted),
-                        Err(_) if deadline.passed() => {
-                            return Err(
-                                StorageError::DeadlineExceeded("writing the plan again").into()
-                            );
-                        }
-                        Err(_) if reinsert_allowed || attempt < self.retry.max_attempts => {
-                            reinsert_allowed = false;
-                        }
-                        Err(last) => {
-                            return Err(SubmitError::RetriesExhausted {
-                                attempts: attempt,
-                                last,
-                            });
-                        }
+                    if let Some(accepted) =
+                        self.after_unknown_commit(&log, &plan, error, deadline, reinsert_allowed)?
+                    {
+                        return Ok(accepted);
                     }
+                    reinsert_allowed = false;
                 }
-                FailureClass::Refused => {
-                    tracing::info!(maker = %login.name, key = key.as_str(), attempt, error = %failure.error, "a rule of the table refused the plan");
-                    let constraint = match &failure.error {
-                        diesel::result::Error::DatabaseError(_, info) => {
-                            info.constraint_name().map(str::to_owned)
-                        }
-                        _ => None,
-                    };
-                    return Err(SubmitError::Refused {
-                        constraint,
-                        source: failure.error,
-                    });
-                }
+                FailureClass::Refused => return Err(refused(&log, error)),
                 FailureClass::Unavailable => {
-                    tracing::error!(maker = %login.name, key = key.as_str(), attempt, sqlstate = marked_sqlstate(&failure.error), error = %failure.error, "write failed; not retried");
-                    return Err(SubmitError::Unavailable(failure.error));
+                    tracing::error!(maker = %login.name, key = key.as_str(), attempt, sqlstate = marked_sqlstate(&error), %error, "write failed; not retried");
+                    return Err(SubmitError::Unavailable(error));
                 }
             }
+        }
+    }
+
+    /// A COMMIT whose outcome is unknown: the plan as it landed, or `None`
+    /// when it did not land and may be written again (once more past the
+    /// retry budget, never past the deadline).
+    fn after_unknown_commit(
+        &self,
+        log: &Attempt<'_>,
+        plan: &NewPlan,
+        commit_error: diesel::result::Error,
+        deadline: &Deadline,
+        reinsert_allowed: bool,
+    ) -> Result<Option<Accepted>, SubmitError> {
+        let Attempt {
+            login,
+            key,
+            attempt,
+        } = *log;
+        tracing::warn!(maker = %login.name, key = key.as_str(), attempt, error = %commit_error, "COMMIT outcome unknown; re-reading");
+        // Err(error): nothing under the key, so it did not land.
+        match self.settle_unknown_commit(log, plan, commit_error, deadline)? {
+            Ok(accepted) => Ok(Some(accepted)),
+            Err(_) if deadline.passed() => {
+                Err(StorageError::DeadlineExceeded("writing the plan again").into())
+            }
+            Err(_) if reinsert_allowed || attempt < self.retry.max_attempts => Ok(None),
+            Err(last) => Err(SubmitError::RetriesExhausted {
+                attempts: attempt,
+                last,
+            }),
         }
     }
 
@@ -339,6 +341,24 @@ struct Attempt<'a> {
     login: &'a Login,
     key: &'a IdempotencyKey,
     attempt: u32,
+}
+
+/// A CHECK rule of the table refused the plan: the request's fault, never retried.
+fn refused(log: &Attempt<'_>, error: diesel::result::Error) -> SubmitError {
+    let Attempt {
+        login,
+        key,
+        attempt,
+    } = *log;
+    tracing::info!(maker = %login.name, key = key.as_str(), attempt, %error, "a rule of the table refused the plan");
+    let constraint = match &error {
+        diesel::result::Error::DatabaseError(_, info) => info.constraint_name().map(str::to_owned),
+        _ => None,
+    };
+    SubmitError::Refused {
+        constraint,
+        source: error,
+    }
 }
 
 /// Another writer holds the key or the plan. Its transaction has committed
