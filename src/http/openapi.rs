@@ -21,9 +21,27 @@ use utoipa::{Modify, OpenApi};
         super::metrics,
         document,
     ),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &NoLicenseClaimed)
 )]
 pub struct ApiDoc;
+
+/// utoipa copies the licence from Cargo.toml, which names none (choosing
+/// one is the owners' decision): the document then claims no licence,
+/// rather than one with an empty name.
+struct NoLicenseClaimed;
+
+impl Modify for NoLicenseClaimed {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if openapi
+            .info
+            .license
+            .as_ref()
+            .is_some_and(|license| license.name.trim().is_empty())
+        {
+            openapi.info.license = None;
+        }
+    }
+}
 
 struct BearerAuth;
 

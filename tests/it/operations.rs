@@ -213,6 +213,12 @@ async fn the_openapi_document_covers_every_route_status_and_header() {
     assert_eq!(answer.status, StatusCode::OK);
     let doc = answer.body;
     assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with('3')));
+    // A licence is named or not claimed at all: never an empty name.
+    let license = &doc["info"]["license"];
+    assert!(
+        license.is_null() || license["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "info.license: {license}"
+    );
 
     let paths = doc["paths"].as_object().expect("paths");
     assert_eq!(
