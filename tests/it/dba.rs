@@ -8,8 +8,8 @@ use diesel::sql_types::Text;
 use plan_intake::storage::{DbConn, MigrateOnOpen};
 use plan_intake::with_conn;
 
-use crate::support::TestDb;
 use crate::support::process::{BIN, run_cli as plan_intake};
+use crate::support::{TestDb, hand_written_plan_sql};
 
 fn succeeded(out: &Output) -> bool {
     if !out.status.success() {
@@ -179,10 +179,12 @@ fn verify_fails_when_a_feed_position_is_ahead_of_the_next_write() {
     let database = db.open_with(MigrateOnOpen::Skip);
     crate::support::execute_batch(
         &mut database.conn().expect("connection"),
-        "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
-                            approved_inputs, permissions, received_at, feed_xid)
-              VALUES ('rcpt_restored', 'planner-a', 'run-1', 'h', 'h', '{}', '[]', '[]', now(),
-                      pg_current_xact_id()::text::bigint + 1000000000)",
+        &format!(
+            "{};
+             UPDATE plans SET feed_xid = pg_current_xact_id()::text::bigint + 1000000000
+              WHERE receipt_id = 'rcpt_restored'",
+            hand_written_plan_sql("rcpt_restored", "planner-a", "'run-1'", "h")
+        ),
     );
     let out = plan_intake(&db, &["verify"]);
     assert!(!out.status.success());

@@ -14,8 +14,8 @@ use plan_intake::storage::PoolOptions;
 
 use crate::support::proxy::{Fault, FaultProxy, upstream_of};
 use crate::support::{
-    AppOptions, TestApp, TestDb, competing_plan, hold_plan_and_key, plan_body, post_plan, scalar,
-    send, wait_until,
+    AppOptions, TestApp, TestDb, competing_plan, hand_written_plan_sql, hold_plan_and_key,
+    plan_body, post_plan, scalar, send, wait_until,
 };
 
 const PLANNER: &[Permission] = &[Permission::PlansSubmit];
@@ -288,10 +288,11 @@ async fn a_real_deadlock_is_retried_and_counted() {
             scalar(&mut app.conn(), &waiting) >= 1
         })
         .await;
-        let sql = format!(
-            "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at)
-                  VALUES ('rcpt_blocker_2', 'planner-a', 'run-1', '{}', 'h', '{{}}', '[]', '[]', now())",
-            same_plan.content_hash
+        let sql = hand_written_plan_sql(
+            "rcpt_blocker_2",
+            "planner-a",
+            "'run-1'",
+            &same_plan.content_hash,
         );
         web::block(move || {
             let result = blocker.batch_execute(&sql);

@@ -9,7 +9,7 @@ use plan_intake::storage::{Backend, DbConn, MigrateOnOpen, migrations};
 use plan_intake::with_conn;
 
 use crate::on_both_backends;
-use crate::support::{TestApp, TestDb};
+use crate::support::{TestApp, TestDb, hand_written_plan_sql};
 
 on_both_backends!(
     each_migration_reverts_to_the_schema_before_it,
@@ -37,14 +37,8 @@ async fn the_table_refuses_a_blank_run_written_around_the_service(db: TestDb) {
         Backend::Postgres => "chr(9) || chr(10) || chr(13) || ' '",
         Backend::Sqlite => "char(9, 10, 13) || ' '",
     };
-    let insert = |run: &str| {
-        format!(
-            "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
-                                approved_inputs, permissions, received_at)
-             VALUES ('rcpt_{}', 'writer', {run}, 'h', 'h', '{{}}', '[]', '[]', '2026-11-30 10:00:00')",
-            run.len()
-        )
-    };
+    let insert =
+        |run: &str| hand_written_plan_sql(&format!("rcpt_{}", run.len()), "writer", run, "h");
     for run in ["NULL", "''", "'   '", tab_newline] {
         let result = execute(&mut conn, &insert(run));
         assert!(result.is_err(), "the table stored run_id = {run}");

@@ -432,6 +432,24 @@ pub fn stored_receipt_ids(conn: &mut DbConn) -> std::collections::HashSet<String
         .collect()
 }
 
+/// An INSERT of a plan row written by hand, around the service, as a DBA
+/// or another program would: `run_id` is an SQL expression (so tests can
+/// write NULL or blanks), the content `{}`, no approved inputs. The
+/// timestamp is a literal both backends take.
+pub fn hand_written_plan_sql(
+    receipt_id: &str,
+    maker: &str,
+    run_id: &str,
+    content_hash: &str,
+) -> String {
+    format!(
+        "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                            approved_inputs, permissions, received_at)
+              VALUES ('{receipt_id}', '{maker}', {run_id}, '{content_hash}', '{content_hash}',
+                      '{{}}', '[]', '[\"plans:submit\"]', '2026-11-30 10:00:00')"
+    )
+}
+
 /// Opens a direct Postgres session (running `settings` first) that begins a
 /// transaction and writes, without committing, a plan under `receipt_id` for
 /// `run_id` and its key row for planner-a's `key`: the session holds that
@@ -448,13 +466,16 @@ pub fn hold_plan_and_key(
         .batch_execute(&format!(
             "{settings}
              BEGIN;
-             INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
-                                approved_inputs, permissions, received_at)
-                  VALUES ('{receipt_id}', 'planner-a', '{run_id}', 'blake3:held', 'blake3:held', '{{}}',
-                          '[{{\"id\":\"in\"}}]', '[\"plans:submit\"]', now());
+             {};
              INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
                   SELECT 'planner-a', '{key}', 'blake3:held', id, now() FROM plans
-                   WHERE receipt_id = '{receipt_id}';"
+                   WHERE receipt_id = '{receipt_id}';",
+            hand_written_plan_sql(
+                receipt_id,
+                "planner-a",
+                &format!("'{run_id}'"),
+                "blake3:held"
+            )
         ))
         .expect("the session holds the plan and the key");
     session
