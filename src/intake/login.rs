@@ -184,8 +184,8 @@ pub(crate) fn find(
     Ok((login, conn))
 }
 
-/// The active login that owns `token`, if any: for the command line and
-/// tests, with a deadline of its own.
+/// The active login that owns `token`, if any, looked up outside any
+/// request (tests, tools), with a deadline of its own.
 pub fn login_for_token(db: &Database, token: &str) -> Result<Option<Login>, LoginError> {
     let deadline = Deadline::after(Duration::from_secs(10));
     Ok(find(db, &deadline, token)?.0)

@@ -100,8 +100,9 @@ impl From<diesel::result::Error> for SubmitError {
     }
 }
 
-/// The write path and what it needs: the database, the retry policy and the
-/// counters. Cheap to clone; shared by every worker.
+/// The domain's entry point, for the door and the tools: the write path
+/// (here) and the reads (`read`), with what they need — the database, the
+/// retry policy and the counters. Cheap to clone; shared by every worker.
 #[derive(Clone)]
 pub struct Intake {
     pub db: Database,
