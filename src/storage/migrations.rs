@@ -251,14 +251,8 @@ where
 pub fn pending_sql(conn: &mut DbConn) -> Result<Vec<(String, String)>, StorageError> {
     let pending = pending(conn)?;
     match conn {
-        DbConn::Postgres(pg) => {
-            let steps = select(POSTGRES, &pending)?;
-            capture_sql(pg, steps, Direction::Up)
-        }
-        DbConn::Sqlite(lite) => {
-            let steps = select(SQLITE, &pending)?;
-            capture_sql(lite, steps, Direction::Up)
-        }
+        DbConn::Postgres(pg) => capture_sql(pg, select(POSTGRES, &pending)?, Direction::Up),
+        DbConn::Sqlite(lite) => capture_sql(lite, select(SQLITE, &pending)?, Direction::Up),
     }
 }
 

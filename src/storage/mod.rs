@@ -146,7 +146,7 @@ impl Database {
                 Ok(value) => return Ok((value, conn)),
                 Err(error) => error,
             };
-            let broken = !is_alive(&mut conn);
+            let broken = !with_conn!(&mut *conn, c => is_alive(c));
             tries -= 1;
             if !errors::is_connection_lost(&error, broken) || tries == 0 {
                 return Err(error.into());
@@ -180,20 +180,19 @@ impl Database {
         idempotency_key: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
+        // SQLite reads before it queues: a replay takes no write lock.
+        if conn.backend() == Backend::Sqlite
+            && let Some((request_hash, plan)) =
+                plans::find_by_key(conn, &plan.maker, idempotency_key)
+                    .map_err(|error| plans::WriteFailure::new(error, false))?
+        {
+            return Ok(plans::Written::KeyHeld { request_hash, plan });
+        }
         let written = match conn {
-            DbConn::Sqlite(lite) => {
-                let held = plans::find_key_sqlite(lite, &plan.maker, idempotency_key)
-                    .map_err(|error| plans::WriteFailure::new(error, false))?;
-                match held {
-                    Some((request_hash, plan)) => {
-                        Ok(plans::Written::KeyHeld { request_hash, plan })
-                    }
-                    None => self
-                        .writers
-                        .write(lite, plan, idempotency_key, deadline)
-                        .map(plans::Written::Created),
-                }
-            }
+            DbConn::Sqlite(lite) => self
+                .writers
+                .write(lite, plan, idempotency_key, deadline)
+                .map(plans::Written::Created),
             DbConn::Postgres(pg) => {
                 plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
             }
@@ -248,11 +247,11 @@ impl Database {
     }
 }
 
-/// Whether `conn` still reaches its server, asked after a failure: by the
-/// state diesel recorded, else by one round trip. Language-independent,
+/// Whether a connection still reaches its server, asked after a failure: by
+/// the state diesel recorded, else by one round trip. Language-independent,
 /// unlike the text of the error that came before.
-pub fn is_alive(conn: &mut DbConn) -> bool {
-    with_conn!(conn, c => !c.is_broken() && c.ping().is_ok())
+pub fn is_alive<C: R2D2Connection>(conn: &mut C) -> bool {
+    !conn.is_broken() && conn.ping().is_ok()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

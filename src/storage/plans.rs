@@ -215,8 +215,7 @@ pub(super) fn write_postgres(
             diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
         ) && super::errors::marked_sqlstate(&failure.error).is_none();
         if unexplained {
-            use diesel::r2d2::R2D2Connection;
-            failure.connection_lost = pg.is_broken() || pg.ping().is_err();
+            failure.connection_lost = !super::is_alive(pg);
         }
         failure
     })
@@ -244,22 +243,6 @@ pub(super) fn insert_both_rows(
         })
         .execute(c)?;
     Ok(row)
-}
-
-/// SQLite: [`find_by_key`] on a concrete connection, for the write path's
-/// read-first step.
-pub(super) fn find_key_sqlite(
-    c: &mut diesel::SqliteConnection,
-    maker: &str,
-    idempotency_key: &str,
-) -> QueryResult<Option<(String, PlanRow)>> {
-    intake_keys::table
-        .inner_join(plans::table)
-        .filter(intake_keys::maker.eq(maker))
-        .filter(intake_keys::idempotency_key.eq(idempotency_key))
-        .select((intake_keys::request_hash, PlanRow::as_select()))
-        .first(c)
-        .optional()
 }
 
 /// The key row's request hash and the plan it points at.
