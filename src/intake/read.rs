@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use super::feed::{Cursor, FeedEntry, Page};
 use super::login::{self, LoginError};
 use super::receipt::{CorruptRow, PlanView, Receipt};
-use super::submit::{Accepted, Intake, SubmitError};
-use super::{IdempotencyKey, Login, Permission, Submission};
+use super::submit::Intake;
+use super::{Login, Permission};
 use crate::deadline::Deadline;
 use crate::storage::plans::{self, PlanRow};
 use crate::storage::{PooledConn, StorageError};
@@ -56,7 +56,7 @@ impl From<LoginError> for ReadError {
 /// so that a write that follows needs no second checkout.
 pub struct Caller {
     pub login: Login,
-    conn: PooledConn,
+    pub(super) conn: PooledConn,
 }
 
 impl Intake {
@@ -73,17 +73,6 @@ impl Intake {
         token: &str,
     ) -> Result<Option<Login>, ReadError> {
         Ok(login::find(&self.db, deadline, token)?.0)
-    }
-
-    /// [`Intake::submit`] for a signed-in caller, starting on its connection.
-    pub fn submit_as(
-        &self,
-        caller: Caller,
-        key: &IdempotencyKey,
-        submission: &Submission,
-        deadline: &Deadline,
-    ) -> Result<Accepted, SubmitError> {
-        self.submit_on(caller.conn, &caller.login, key, submission, deadline)
     }
 
     /// The receipt `receipt_id`, if `login` may see it.

@@ -6,7 +6,7 @@ use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 
 use super::hashing::{self, CanonicalParts};
 use super::retry::RetryPolicy;
-use super::{IdempotencyKey, Login, Submission};
+use super::{Caller, IdempotencyKey, Login, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::{Metrics, UnknownCommitBranch};
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
@@ -128,18 +128,18 @@ impl Intake {
         self.write(None, login, key, submission, &parts, deadline)
     }
 
-    /// As [`Intake::submit`], with the first attempt on a connection the
-    /// caller already holds.
-    pub(super) fn submit_on(
+    /// [`Intake::submit`] for a signed-in caller, its first attempt on the
+    /// connection its login was found on.
+    pub fn submit_as(
         &self,
-        conn: PooledConn,
-        login: &Login,
+        caller: Caller,
         key: &IdempotencyKey,
         submission: &Submission,
         deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        self.write(Some(conn), login, key, submission, &parts, deadline)
+        let Caller { login, conn } = caller;
+        self.write(Some(conn), &login, key, submission, &parts, deadline)
     }
 
     fn write(
