@@ -42,6 +42,18 @@ pub struct Load {
     clients: Vec<JoinHandle<Vec<Sent>>>,
 }
 
+/// Waits until `reached()`; panics instead of hanging if every client has
+/// stopped first (none of them heard an answer).
+fn wait_until(clients: &[JoinHandle<Vec<Sent>>], what: &str, reached: impl Fn() -> bool) {
+    while !reached() {
+        assert!(
+            !clients.iter().all(JoinHandle::is_finished),
+            "every load client stopped before {what}: the service gave no answer"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 impl Load {
     pub fn start(clients: usize, token: &str, addr: impl Fn(usize) -> String) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
@@ -92,16 +104,16 @@ impl Load {
     /// Returns once `more` further requests have been answered.
     pub fn wait_for_answers(&self, more: usize) {
         let until = self.answered.load(Ordering::SeqCst) + more;
-        while self.answered.load(Ordering::SeqCst) < until {
-            thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(&self.clients, "enough answers", || {
+            self.answered.load(Ordering::SeqCst) >= until
+        });
     }
 
     /// Returns once `count` plans in all have been answered 201.
     pub fn wait_for_created(&self, count: usize) {
-        while self.created.load(Ordering::SeqCst) < count {
-            thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(&self.clients, "enough plans were created", || {
+            self.created.load(Ordering::SeqCst) >= count
+        });
     }
 
     /// Stops every client after its request in flight; what they all sent.
