@@ -106,6 +106,21 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
         "nothing pending: {}",
         stderr(&verify_free)
     );
+    // verify reads as the role; only its trial store, a schema of its own,
+    // needs a privilege the role lacks, and it says so in its line.
+    let verified = run_cli_at(&as_service, &["verify"]);
+    assert!(!verified.status.success());
+    let report = stdout(&verified);
+    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failing.len(), 1, "{report}");
+    assert!(
+        failing[0].contains("cannot create a scratch schema"),
+        "{report}"
+    );
+    assert!(
+        report.contains("ok    migrations applied") && report.contains("ok    pinned names"),
+        "{report}"
+    );
     for args in [
         &["logins", "add", "x", "--permission", "plans:submit"][..],
         &["logins", "revoke", "planner-a"][..],
