@@ -68,6 +68,31 @@ where
 
 /// Polls the feed until it holds `count` receipts (a receipt may
 /// appear a moment after its 201). Fails after 20 s.
+/// Posts `count` new plans as `token` (key and run `{prefix}-{i}`), each
+/// answered 201; their receipt ids, in order.
+async fn create_plans<S>(service: &S, token: &str, prefix: &str, count: usize) -> Vec<String>
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+            Error = actix_web::Error,
+        >,
+{
+    let mut created = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}-{i}");
+        let sent = send(service, post_plan(token, &name, &plan_body(&name, prefix))).await;
+        assert_eq!(sent.status, StatusCode::CREATED, "{:?}", sent.body);
+        created.push(
+            sent.body["receipt_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    created
+}
+
 async fn settle<S>(service: &S, token: &str, count: usize)
 where
     S: actix_web::dev::Service<
@@ -95,24 +120,7 @@ async fn paging_with_every_limit_returns_each_receipt_once(db: TestDb) {
     let planner = app.login("planner-a", &[Permission::PlansSubmit]);
     let reader = app.login("ordering", &[Permission::ReceiptsRead]);
     let service = app.service().await;
-    let mut created = Vec::new();
-    for i in 0..7 {
-        let answer = send(
-            &service,
-            post_plan(
-                &planner,
-                &format!("k{i}"),
-                &plan_body(&format!("run-{i}"), "x"),
-            ),
-        )
-        .await;
-        created.push(
-            answer.body["receipt_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        );
-    }
+    let created = create_plans(&service, &planner, "run", 7).await;
 
     // On Postgres a receipt joins the feed once no older transaction in the
     // cluster is still open (other tests' included): wait until all 7 have.
@@ -255,11 +263,7 @@ async fn the_feed_starts_at_the_end_expands_plans_and_refuses_unknown_parameters
     let planner = app.login("planner-a", &[Permission::PlansSubmit]);
     let orders = app.login("orders", &[Permission::ReceiptsRead]);
     let service = app.service().await;
-    for i in 0..3 {
-        let body = plan_body(&format!("old-{i}"), "x");
-        let sent = send(&service, post_plan(&planner, &format!("old-{i}"), &body)).await;
-        assert_eq!(sent.status, StatusCode::CREATED);
-    }
+    create_plans(&service, &planner, "old", 3).await;
     let end = send(&service, get(&orders, "/v1/receipts?after=now")).await;
     assert_eq!(end.status, StatusCode::OK);
     assert_eq!(end.body["receipts"], serde_json::json!([]));
@@ -472,18 +476,7 @@ async fn the_feed_survives_a_dump_restored_into_another_cluster() {
     let planner = app.login("planner-a", &[Permission::PlansSubmit]);
     let orders = app.login("orders", &[Permission::ReceiptsRead]);
     let service = app.service().await;
-    for i in 0..3 {
-        let sent = send(
-            &service,
-            post_plan(
-                &planner,
-                &format!("old-{i}"),
-                &plan_body(&format!("old-{i}"), "x"),
-            ),
-        )
-        .await;
-        assert_eq!(sent.status, StatusCode::CREATED);
-    }
+    create_plans(&service, &planner, "old", 3).await;
     let (old, cursor) = read_all(&service, &orders, 10).await;
     assert_eq!(old.len(), 3);
 
@@ -528,25 +521,7 @@ async fn the_feed_survives_a_dump_restored_into_another_cluster() {
     // Fully migrated as restored: nothing pending.
     let intake = crate::support::instance(&restored_url, MigrateOnOpen::RequireNonePending);
     let restored_service = app.service_with(intake).await;
-    let mut new = Vec::new();
-    for i in 0..2 {
-        let sent = send(
-            &restored_service,
-            post_plan(
-                &planner,
-                &format!("new-{i}"),
-                &plan_body(&format!("new-{i}"), "y"),
-            ),
-        )
-        .await;
-        assert_eq!(sent.status, StatusCode::CREATED, "{:?}", sent.body);
-        new.push(
-            sent.body["receipt_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        );
-    }
+    let new = create_plans(&restored_service, &planner, "new", 2).await;
     let page = send(
         &restored_service,
         get(&orders, &format!("/v1/receipts?after={cursor}")),
@@ -575,17 +550,7 @@ async fn a_copied_sqlite_file_keeps_the_feed() {
     let planner = app.login("planner-a", &[Permission::PlansSubmit]);
     let orders = app.login("orders", &[Permission::ReceiptsRead]);
     let service = app.service().await;
-    for i in 0..2 {
-        send(
-            &service,
-            post_plan(
-                &planner,
-                &format!("old-{i}"),
-                &plan_body(&format!("old-{i}"), "x"),
-            ),
-        )
-        .await;
-    }
+    create_plans(&service, &planner, "old", 2).await;
     let (_, cursor) = read_all(&service, &orders, 10).await;
     crate::support::execute_batch(
         &mut app.conn(),
