@@ -4,7 +4,6 @@
 //! without restarting the service, every request retried with its key
 //! lands exactly once; no plan is without its key.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::thread;
 
@@ -12,7 +11,7 @@ use diesel::{Connection, PgConnection};
 use plan_intake::storage::DbConn;
 
 use crate::support::cluster::TempCluster;
-use crate::support::load::{Load, Sent, resend};
+use crate::support::load::{Load, Sent, assert_each_answered, resend};
 use crate::support::process::{ServeProcess, client, run_cli_at};
 use crate::support::{scalar, stored_receipt_ids};
 
@@ -40,13 +39,7 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
     load.wait_for_answers(40);
     let sent = load.stop();
 
-    let statuses: HashSet<Option<u16>> = sent.iter().map(Sent::status).collect();
-    assert!(
-        statuses
-            .iter()
-            .all(|s| [Some(200), Some(201), Some(503)].contains(s)),
-        "answers other than 201/200/503 (None: no answer): {statuses:?}"
-    );
+    assert_each_answered(&sent, &[200, 201, 503]);
     let mut conn = DbConn::Postgres(PgConnection::establish(&url).expect("connect"));
     let stored = stored_receipt_ids(&mut conn);
     for receipt in sent.iter().filter_map(Sent::created_receipt) {

@@ -9,7 +9,7 @@ use std::thread;
 use diesel::{Connection, PgConnection};
 use plan_intake::storage::DbConn;
 
-use crate::support::load::{Load, Sent, resend};
+use crate::support::load::{Load, assert_each_answered, resend};
 use crate::support::pgbouncer::PgBouncer;
 use crate::support::process::{ServeProcess, client, get, post_plan, run_cli_at};
 use crate::support::{plan_body, scalar};
@@ -191,13 +191,7 @@ fn pgbouncer_killed_and_restarted_under_load_loses_nothing() {
     }
     load.wait_for_answers(100);
     let sent = load.stop();
-    let statuses: HashSet<Option<u16>> = sent.iter().map(Sent::status).collect();
-    assert!(
-        statuses
-            .iter()
-            .all(|s| [Some(200), Some(201), Some(503)].contains(s)),
-        "answers other than 201/200/503 (None: no answer): {statuses:?}"
-    );
+    assert_each_answered(&sent, &[200, 201, 503]);
 
     let agent = client();
     for (i, s) in sent.iter().enumerate() {

@@ -126,6 +126,17 @@ impl Load {
     }
 }
 
+/// Every request got an HTTP answer, and each status is one of `allowed`.
+pub fn assert_each_answered(sent: &[Sent], allowed: &[u16]) {
+    let statuses: std::collections::HashSet<Option<u16>> = sent.iter().map(Sent::status).collect();
+    assert!(
+        statuses
+            .iter()
+            .all(|s| s.is_some_and(|s| allowed.contains(&s))),
+        "answers other than {allowed:?} (None: no answer): {statuses:?}"
+    );
+}
+
 /// POSTs `sent` again with its key until it is not a 503 (at most 50 tries,
 /// 100 ms apart); the last answer.
 pub fn resend(agent: &ureq::Agent, addr: &str, token: &str, sent: &Sent) -> (u16, Value) {
