@@ -88,6 +88,10 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
             name: "feed positions behind the next write",
             result: feed_invariant(&mut conn),
         },
+        Check {
+            name: "key rows match their plans",
+            result: keys_match_their_plans(&mut conn),
+        },
     ];
     match Scratch::create(&target) {
         Ok(scratch) => {
@@ -128,6 +132,19 @@ fn migrations_applied(conn: &mut DbConn) -> Result<String, VerifyError> {
             "pending: {}",
             pending.join(", ")
         )))
+    }
+}
+
+/// A key row holds the request hash of the request it was first answered
+/// for, and points at that request's plan: both hashes are the same one
+/// (the same maker, run and content make the same request).
+fn keys_match_their_plans(conn: &mut DbConn) -> Result<String, VerifyError> {
+    match crate::storage::plans::keys_not_matching_their_plans(conn)? {
+        0 => Ok("every key's request hash is its plan's".to_owned()),
+        n => Err(VerifyError::Broken(format!(
+            "{n} key row(s) hold a request hash other than their plan's: \
+             a key there would replay a receipt for a request it never kept"
+        ))),
     }
 }
 

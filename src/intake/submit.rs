@@ -169,6 +169,10 @@ impl Intake {
                     request_hash,
                     plan: row,
                 }) => return replay_or_refuse(&request_hash, &plan, row),
+                // Only this request's key row was written, for the kept plan.
+                Ok(Written::AlreadyReceived(row)) => {
+                    return Ok(accepted(Outcome::AlreadyReceived, row));
+                }
                 Err(failure) => failure,
             };
             let log = Attempt {
@@ -362,8 +366,12 @@ fn refused(log: &Attempt<'_>, error: diesel::result::Error) -> SubmitError {
     }
 }
 
-/// Another writer holds the key or the plan. Its transaction has committed
-/// (a unique index makes the loser wait for that), ours has rolled back.
+/// A unique violation the write could not resolve itself. Both backends
+/// resolve conflicts inside the write (the key row that won decides, else
+/// the kept plan gets this request's key row), so one reaching here found
+/// neither row when it looked; a key row committed since still decides.
+/// Nothing is answered `already_received` here, since that would leave the
+/// key unbound.
 fn resolve_conflict(
     conn: &mut DbConn,
     plan: &NewPlan,
@@ -372,10 +380,6 @@ fn resolve_conflict(
 ) -> Result<Accepted, SubmitError> {
     if let Some((request_hash, row)) = plans::find_by_key(conn, &plan.maker, key.as_str())? {
         return replay_or_refuse(&request_hash, plan, row);
-    }
-    if let Some(row) = plans::find_by_content(conn, &plan.maker, &plan.run_id, &plan.content_hash)?
-    {
-        return Ok(accepted(Outcome::AlreadyReceived, row));
     }
     Err(original.into())
 }

@@ -5,8 +5,10 @@
 //! SAVEPOINT, and commits once for all of them.
 //!
 //! Each request's outcome is its own: a unique violation rolls back only that
-//! request's savepoint (its plan row with it) and comes back to it as a
-//! conflict, resolved by lookups after the batch has committed, as always.
+//! request's savepoint (its plan row with it) and is resolved at once, inside
+//! the batch, by lookups that see the row that won (this transaction holds
+//! the write lock): the key row decides, else the plan kept for the content
+//! gets this request's key row, so the key is bound by its first answer.
 //! If the batch cannot begin, nothing was written and every request sees a
 //! transient error (retried). If its COMMIT fails, SQLite has rolled the
 //! whole batch back, and if the leader panics its transaction is abandoned:
@@ -25,10 +27,13 @@ use diesel::connection::SimpleConnection;
 use diesel::result::Error as DieselError;
 use diesel::{Connection, SqliteConnection};
 
-use super::plans::{BatchFailure, NewPlan, PlanRow, WriteFailure, insert_both_rows};
+use super::errors::is_unique_violation;
+use super::plans::{
+    BatchFailure, NewPlan, WriteFailure, Written, insert_both_rows, resolve_in_transaction,
+};
 use crate::deadline::Deadline;
 
-type WriteResult = Result<PlanRow, WriteFailure>;
+type WriteResult = Result<Written, WriteFailure>;
 
 /// One request's write, and its result once the batch is done.
 struct Slot {
@@ -204,7 +209,18 @@ fn write_batch(
         );
         for (slot, result) in batch.iter().zip(results.iter_mut()) {
             // A savepoint each: one plan's violation must not undo the others.
-            let written = c.transaction(|c| insert_both_rows(c, &slot.plan, &slot.key));
+            let written = c
+                .transaction(|c| insert_both_rows(c, &slot.plan, &slot.key))
+                .map(Written::Created);
+            // Resolved here, after the savepoint rolled back: this
+            // transaction holds the write lock, so the winner is in view.
+            let written = match written {
+                Err(error) if is_unique_violation(&error) => {
+                    resolve_in_transaction(c, &slot.plan, &slot.key)
+                        .and_then(|found| found.ok_or(error))
+                }
+                other => other,
+            };
             *result = Some(written.map_err(|error| WriteFailure::new(error, false)));
         }
         body_done.set(true);

@@ -189,10 +189,7 @@ impl Database {
             return Ok(plans::Written::KeyHeld { request_hash, plan });
         }
         let written = match conn {
-            DbConn::Sqlite(lite) => self
-                .writers
-                .write(lite, plan, idempotency_key, deadline)
-                .map(plans::Written::Created),
+            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key, deadline),
             DbConn::Postgres(pg) => {
                 plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
             }
@@ -213,7 +210,7 @@ impl Database {
         plan: &plans::NewPlan,
         idempotency_key: &str,
         deadline: &Deadline,
-    ) -> Result<plans::PlanRow, plans::WriteFailure> {
+    ) -> Result<plans::Written, plans::WriteFailure> {
         self.writers.write(lite, plan, idempotency_key, deadline)
     }
 

@@ -151,14 +151,18 @@ pub enum Written {
     /// The key row was already committed: nothing was written. Its request
     /// hash and the plan it points at decide replay or refusal.
     KeyHeld { request_hash: String, plan: PlanRow },
+    /// The plan was already kept for this maker, run and content: only this
+    /// request's key row was written, pointing at it, so the key is bound
+    /// from now on.
+    AlreadyReceived(PlanRow),
 }
 
-/// One row of `plan_intake_write`: the key's request hash, the plan, and
-/// whether the key row was found rather than written.
+/// One row of `plan_intake_write`: what it did (`created`, `key_held` or
+/// `already_received`), the key's request hash and the plan.
 #[derive(QueryableByName)]
 struct WriteRow {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    key_found: bool,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    outcome: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
     key_request_hash: String,
     #[diesel(embed)]
@@ -167,10 +171,12 @@ struct WriteRow {
 
 /// Postgres: `SELECT * FROM plan_intake_write(…)`, one statement outside any
 /// explicit transaction, one round trip for every outcome (migration
-/// `…_plan_intake_write_reads_first`): a committed key row is answered from
+/// `…_plan_intake_write_records_keys`): a committed key row is answered from
 /// a read, without writing; otherwise both rows are written, both or
-/// neither, and a unique violation on either fails the whole call. Its
-/// locks wait at most `lock_timeout_ms`.
+/// neither. A unique violation rolls both back and is resolved in the same
+/// statement: the committed key row decides, else the plan kept for the
+/// content gets this request's key row. Its locks wait at most
+/// `lock_timeout_ms`.
 pub(super) fn write_postgres(
     pg: &mut diesel::PgConnection,
     plan: &NewPlan,
@@ -179,7 +185,7 @@ pub(super) fn write_postgres(
 ) -> Result<Written, WriteFailure> {
     use diesel::sql_types::{Integer, Text, Timestamp};
     diesel::sql_query(
-        "SELECT key_found, key_request_hash, id, receipt_id, maker, run_id, content_hash,
+        "SELECT outcome, key_request_hash, id, receipt_id, maker, run_id, content_hash,
                 request_hash, content, approved_inputs, permissions, received_at
            FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
@@ -195,15 +201,16 @@ pub(super) fn write_postgres(
     .bind::<Text, _>(idempotency_key)
     .bind::<Integer, _>(i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX))
     .get_result::<WriteRow>(pg)
-    .map(|row| {
-        if row.key_found {
-            Written::KeyHeld {
-                request_hash: row.key_request_hash,
-                plan: row.plan,
-            }
-        } else {
-            Written::Created(row.plan)
-        }
+    .and_then(|row| match row.outcome.as_str() {
+        "created" => Ok(Written::Created(row.plan)),
+        "key_held" => Ok(Written::KeyHeld {
+            request_hash: row.key_request_hash,
+            plan: row.plan,
+        }),
+        "already_received" => Ok(Written::AlreadyReceived(row.plan)),
+        other => Err(diesel::result::Error::DeserializationError(
+            format!("plan_intake_write answered an unknown outcome {other:?}").into(),
+        )),
     })
     .map_err(|error| {
         let mut failure = WriteFailure::new(error, true);
@@ -233,16 +240,51 @@ pub(super) fn insert_both_rows(
         .values(plan)
         .returning(PlanRow::as_returning())
         .get_result(c)?;
+    insert_key_row(c, plan, idempotency_key, row.id)?;
+    Ok(row)
+}
+
+/// SQLite: this request's key row, pointing at `plan_id`.
+pub(super) fn insert_key_row(
+    c: &mut diesel::SqliteConnection,
+    plan: &NewPlan,
+    idempotency_key: &str,
+    plan_id: i64,
+) -> QueryResult<usize> {
     diesel::insert_into(intake_keys::table)
         .values(NewIntakeKey {
             maker: &plan.maker,
             idempotency_key,
             request_hash: &plan.request_hash,
-            plan_id: row.id,
+            plan_id,
             created_at: plan.received_at,
         })
-        .execute(c)?;
-    Ok(row)
+        .execute(c)
+}
+
+/// The query for a key row's request hash and the plan it points at, for
+/// any backend's connection.
+macro_rules! by_key {
+    ($maker:expr, $idempotency_key:expr) => {
+        intake_keys::table
+            .inner_join(plans::table)
+            .filter(intake_keys::maker.eq($maker))
+            .filter(intake_keys::idempotency_key.eq($idempotency_key))
+            .select((intake_keys::request_hash, PlanRow::as_select()))
+    };
+}
+
+/// The query for the plan kept for a maker, run and content. `run_id` is
+/// never optional here: a lookup that skipped a missing run would reopen
+/// the hole the NOT NULL column closes.
+macro_rules! by_content {
+    ($maker:expr, $run_id:expr, $content_hash:expr) => {
+        plans::table
+            .filter(plans::maker.eq($maker))
+            .filter(plans::run_id.eq($run_id))
+            .filter(plans::content_hash.eq($content_hash))
+            .select(PlanRow::as_select())
+    };
 }
 
 /// The key row's request hash and the plan it points at.
@@ -251,31 +293,53 @@ pub fn find_by_key(
     maker: &str,
     idempotency_key: &str,
 ) -> QueryResult<Option<(String, PlanRow)>> {
-    with_conn!(conn, c => intake_keys::table
-        .inner_join(plans::table)
-        .filter(intake_keys::maker.eq(maker))
-        .filter(intake_keys::idempotency_key.eq(idempotency_key))
-        .select((intake_keys::request_hash, PlanRow::as_select()))
-        .first(c)
-        .optional())
+    with_conn!(conn, c => by_key!(maker, idempotency_key).first(c).optional())
 }
 
-/// The plan already kept for this maker, run and content. `run_id` is never
-/// optional here: a lookup that skipped a missing run would reopen the hole
-/// the NOT NULL column closes.
+/// The plan already kept for this maker, run and content.
 pub fn find_by_content(
     conn: &mut DbConn,
     maker: &str,
     run_id: &str,
     content_hash: &str,
 ) -> QueryResult<Option<PlanRow>> {
-    with_conn!(conn, c => plans::table
-        .filter(plans::maker.eq(maker))
-        .filter(plans::run_id.eq(run_id))
-        .filter(plans::content_hash.eq(content_hash))
-        .select(PlanRow::as_select())
-        .first(c)
-        .optional())
+    with_conn!(conn, c => by_content!(maker, run_id, content_hash).first(c).optional())
+}
+
+/// SQLite, inside the group-commit transaction, after `plan`'s savepoint
+/// rolled back on a unique violation: the row that won decides. A committed
+/// key row means replay or refusal; else the plan kept for the same content
+/// gets this request's key row (in a savepoint of its own), binding the key
+/// to its first answer. `None`: neither row exists, the violation stands.
+pub(super) fn resolve_in_transaction(
+    c: &mut diesel::SqliteConnection,
+    plan: &NewPlan,
+    idempotency_key: &str,
+) -> QueryResult<Option<Written>> {
+    if let Some((request_hash, row)) = by_key!(&plan.maker, idempotency_key).first(c).optional()? {
+        return Ok(Some(Written::KeyHeld {
+            request_hash,
+            plan: row,
+        }));
+    }
+    let Some(kept) = by_content!(&plan.maker, &plan.run_id, &plan.content_hash)
+        .first::<PlanRow>(c)
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    c.transaction(|c| insert_key_row(c, plan, idempotency_key, kept.id))?;
+    Ok(Some(Written::AlreadyReceived(kept)))
+}
+
+/// How many key rows hold a request hash other than that of the plan they
+/// point at (always 0 for rows the service wrote).
+pub fn keys_not_matching_their_plans(conn: &mut DbConn) -> QueryResult<i64> {
+    with_conn!(conn, c => intake_keys::table
+        .inner_join(plans::table)
+        .filter(intake_keys::request_hash.ne(plans::request_hash))
+        .count()
+        .get_result(c))
 }
 
 pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<PlanRow>> {

@@ -11,6 +11,17 @@ use plan_intake::with_conn;
 use crate::support::process::{BIN, run_cli as plan_intake};
 use crate::support::{TestDb, hand_written_plan_sql};
 
+/// verify's report failed, and by exactly one check: that check's line and
+/// the whole report.
+#[track_caller]
+fn the_one_failing_check(out: &Output) -> (String, String) {
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "verify passed: {report}");
+    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failing.len(), 1, "{report}");
+    (failing[0].to_owned(), report)
+}
+
 fn succeeded(out: &Output) -> bool {
     if !out.status.success() {
         eprintln!(
@@ -141,7 +152,7 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     let out = plan_intake(&db, &["verify"]);
     assert!(succeeded(&out));
     let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(report.lines().count(), 5, "{report}");
+    assert_eq!(report.lines().count(), 6, "{report}");
     assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
     assert!(report.contains("1 created, 7 replayed"), "{report}");
 
@@ -156,13 +167,11 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     crate::support::execute_batch(&mut conn, rename);
     let out = plan_intake(&db, &["verify"]);
     assert!(!out.status.success(), "verify passed with a renamed index");
-    let report = String::from_utf8_lossy(&out.stdout);
-    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
-    assert_eq!(failing.len(), 1, "{report}");
+    let (failing, report) = the_one_failing_check(&out);
     assert!(
-        failing[0].contains("pinned names")
-            && failing[0].contains("plans_feed_ix")
-            && failing[0].contains("plans_feed_renamed"),
+        failing.contains("pinned names")
+            && failing.contains("plans_feed_ix")
+            && failing.contains("plans_feed_renamed"),
         "{report}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 verify check(s) failed"));
@@ -187,11 +196,32 @@ fn verify_fails_when_a_feed_position_is_ahead_of_the_next_write() {
         ),
     );
     let out = plan_intake(&db, &["verify"]);
-    assert!(!out.status.success());
-    let report = String::from_utf8_lossy(&out.stdout);
-    let failing: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
-    assert_eq!(failing.len(), 1, "{report}");
-    assert!(failing[0].contains("feed positions"), "{report}");
+    let (failing, report) = the_one_failing_check(&out);
+    assert!(failing.contains("feed positions"), "{report}");
+}
+
+/// A key row whose request hash is not its plan's (written around the
+/// service) would replay a receipt for a request it never kept: verify
+/// names it in one line.
+fn verify_fails_when_a_key_row_holds_another_request_hash(db: TestDb) {
+    assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
+    let database = db.open_with(MigrateOnOpen::Skip);
+    crate::support::execute_batch(
+        &mut database.conn().expect("connection"),
+        &format!(
+            "{};
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+                  SELECT 'planner-a', 'key-1', 'blake3:another', id, '2026-11-30 10:00:00'
+                    FROM plans WHERE receipt_id = 'rcpt_by_hand'",
+            hand_written_plan_sql("rcpt_by_hand", "planner-a", "'run-1'", "blake3:kept")
+        ),
+    );
+    let out = plan_intake(&db, &["verify"]);
+    let (failing, report) = the_one_failing_check(&out);
+    assert!(
+        failing.contains("key rows match their plans") && failing.contains("1 key row"),
+        "{report}"
+    );
 }
 
 /// `migrate print --revert` shows the down SQL and changes nothing;
@@ -251,4 +281,5 @@ crate::on_both_backends_sync!(
     revert_then_run_returns_to_the_same_schema,
     two_concurrent_migrate_runs_apply_each_migration_once,
     verify_passes_and_names_a_renamed_index,
+    verify_fails_when_a_key_row_holds_another_request_hash,
 );

@@ -141,11 +141,7 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
                 "the other attempt's receipt, not ours"
             );
         } else {
-            assert!(
-                answer.body["type"]
-                    .as_str()
-                    .is_some_and(|t| t.ends_with("/idempotency-key-reused"))
-            );
+            answer.assert_key_reused();
         }
         assert_eq!(
             app.metrics()
@@ -462,19 +458,7 @@ async fn a_check_rule_of_the_table_refuses_the_request_with_422() {
         post_plan(&token, "k", &plan_body("a-very-long-run-id", "x")),
     )
     .await;
-    assert_eq!(
-        answer.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{:?}",
-        answer.body
-    );
-    assert!(
-        answer.body["type"]
-            .as_str()
-            .is_some_and(|t| t.ends_with("/refused-by-database")),
-        "{:?}",
-        answer.body
-    );
+    answer.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "refused-by-database");
     assert!(
         answer.body["detail"]
             .as_str()

@@ -19,6 +19,10 @@ on_both_backends!(
     every_blank_run_is_refused_and_nothing_is_written,
     claimed_permissions_and_maker_are_ignored,
     a_key_conflict_leaves_no_plan_row_behind,
+    a_key_first_answered_already_received_is_bound_to_that_request,
+    after_a_race_of_new_keys_every_key_is_bound_to_its_request,
+    two_requests_racing_under_one_new_key_for_a_kept_plan_record_it_once,
+    a_new_plan_racing_a_kept_one_for_one_new_key_gets_it_or_is_refused,
 );
 
 const PLANNER: &[Permission] = &[Permission::PlansSubmit];
@@ -88,18 +92,7 @@ async fn same_key_with_other_body_is_refused(db: TestDb) {
     assert_eq!(first.status, StatusCode::CREATED);
     for other in [plan_body("run-1", "y"), plan_body("run-2", "x")] {
         let reused = send(&service, post_plan(&token, "key-1", &other)).await;
-        assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(
-            reused.header("content-type"),
-            Some("application/problem+json")
-        );
-        assert!(
-            reused.body["type"]
-                .as_str()
-                .is_some_and(|t| t.ends_with("/idempotency-key-reused")),
-            "{:?}",
-            reused.body
-        );
+        reused.assert_key_reused();
     }
     app.assert_rows(1, 1);
 }
@@ -203,7 +196,8 @@ async fn concurrent_requests_with_new_keys_and_one_content_keep_one_plan(db: Tes
         .map(|a| a.body["receipt_id"].to_string())
         .collect();
     assert_eq!(receipt_ids.len(), 1);
-    app.assert_rows(1, 1);
+    // One plan; every key recorded, each bound by its first answer.
+    app.assert_rows(1, 32);
 }
 
 async fn every_blank_run_is_refused_and_nothing_is_written(db: TestDb) {
@@ -303,9 +297,12 @@ async fn key_conflict_on_sqlite(db: TestDb) {
     let result = app
         .direct
         .write_after_missed_read(lite, &plan, "key-1", &deadline);
+    // Resolved inside the batch after the savepoint rolled back: the key
+    // row that won is reported, and this plan row is gone with it.
     assert!(
-        matches!(&result, Err(f) if plan_intake::storage::errors::is_unique_violation(&f.error)),
-        "the key conflict must come back as an error, got {result:?}"
+        matches!(&result, Ok(plan_intake::storage::plans::Written::KeyHeld { request_hash, .. })
+            if *request_hash != plan.request_hash),
+        "the key conflict must come back as the key row that won, got {result:?}"
     );
     app.assert_rows(1, 1);
 }
@@ -344,6 +341,144 @@ async fn key_conflict_on_postgres(db: TestDb) {
         answer.body
     );
     app.assert_rows(1, 1);
+}
+
+/// The four steps: a key first answered `already_received` is recorded, so
+/// the same request under it replays and other content is refused.
+async fn a_key_first_answered_already_received_is_bound_to_that_request(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let plan_x = plan_body("run-1", "x");
+
+    let created = send(&service, post_plan(&token, "K1", &plan_x)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    let received = send(&service, post_plan(&token, "K2", &plan_x)).await;
+    assert_eq!(received.status, StatusCode::OK, "{:?}", received.body);
+    assert_eq!(received.body["outcome"], "already_received");
+    assert_eq!(received.header("idempotent-replayed"), None);
+    app.assert_rows(1, 2);
+
+    let replayed = send(&service, post_plan(&token, "K2", &plan_x)).await;
+    assert_eq!(replayed.status, StatusCode::OK, "{:?}", replayed.body);
+    assert_eq!(replayed.body["outcome"], "replayed");
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        without_outcome(&replayed.body),
+        without_outcome(&created.body)
+    );
+
+    let reused = send(&service, post_plan(&token, "K2", &plan_body("run-1", "y"))).await;
+    reused.assert_key_reused();
+    app.assert_rows(1, 2);
+}
+
+/// 16 keys race for one new plan; afterwards each key replays its own
+/// request with the one receipt and refuses other content.
+async fn after_a_race_of_new_keys_every_key_is_bound_to_its_request(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let plan_x = plan_body("run-1", "x");
+    let keys: Vec<String> = (0..16).map(|i| format!("race-{i}")).collect();
+
+    let answers = join_all(
+        keys.iter()
+            .map(|k| send(&service, post_plan(&token, k, &plan_x))),
+    )
+    .await;
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(
+        created.len(),
+        1,
+        "{:?}",
+        answers.iter().map(|a| &a.body).collect::<Vec<_>>()
+    );
+    let receipt_id = created[0].body["receipt_id"].clone();
+    for answer in &answers {
+        assert!(answer.status.is_success(), "{:?}", answer.body);
+        assert_eq!(answer.body["receipt_id"], receipt_id);
+    }
+    app.assert_rows(1, 16);
+
+    for key in &keys {
+        let replayed = send(&service, post_plan(&token, key, &plan_x)).await;
+        assert_eq!(
+            replayed.status,
+            StatusCode::OK,
+            "{key}: {:?}",
+            replayed.body
+        );
+        assert_eq!(replayed.body["outcome"], "replayed", "{key}");
+        assert_eq!(replayed.body["receipt_id"], receipt_id, "{key}");
+        let other = send(&service, post_plan(&token, key, &plan_body("run-1", "y"))).await;
+        other.assert_key_reused();
+    }
+    app.assert_rows(1, 16);
+}
+
+/// Two identical requests race under one new key for a plan already kept:
+/// one records the key (`already_received`), the other replays it, and
+/// nothing else is written. Repeated, so both orders get their chance.
+async fn two_requests_racing_under_one_new_key_for_a_kept_plan_record_it_once(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let plan_x = plan_body("run-1", "x");
+    let created = send(&service, post_plan(&token, "K1", &plan_x)).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+
+    const ROUNDS: i64 = 8;
+    for round in 0..ROUNDS {
+        let key = format!("new-{round}");
+        let (a, b) = futures_util::join!(
+            send(&service, post_plan(&token, &key, &plan_x)),
+            send(&service, post_plan(&token, &key, &plan_x))
+        );
+        let mut outcomes = [
+            a.body["outcome"].as_str().unwrap_or("?"),
+            b.body["outcome"].as_str().unwrap_or("?"),
+        ];
+        outcomes.sort_unstable();
+        assert_eq!(outcomes, ["already_received", "replayed"], "{a:?} {b:?}");
+        assert_eq!(a.body["receipt_id"], created.body["receipt_id"]);
+        assert_eq!(b.body["receipt_id"], created.body["receipt_id"]);
+        app.assert_rows(1, 2 + round);
+    }
+}
+
+/// Under one new key, a request for the kept plan races a request for a new
+/// plan: whichever records the key first keeps it (`already_received` or
+/// `created`), the other is refused, and nothing else is written.
+async fn a_new_plan_racing_a_kept_one_for_one_new_key_gets_it_or_is_refused(db: TestDb) {
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let plan_x = plan_body("run-1", "x");
+    let created = send(&service, post_plan(&token, "K1", &plan_x)).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+
+    let mut plans = 1;
+    for round in 0..8 {
+        let key = format!("new-{round}");
+        let plan_y = plan_body("run-1", &format!("y-{round}"));
+        let (kept, new) = futures_util::join!(
+            send(&service, post_plan(&token, &key, &plan_x)),
+            send(&service, post_plan(&token, &key, &plan_y))
+        );
+        if kept.status == StatusCode::OK {
+            assert_eq!(kept.body["outcome"], "already_received", "{kept:?}");
+            new.assert_key_reused();
+        } else {
+            assert_eq!(new.status, StatusCode::CREATED, "{new:?}");
+            kept.assert_key_reused();
+            plans += 1;
+        }
+        app.assert_rows(plans, 2 + round);
+    }
 }
 
 fn without_outcome(receipt: &Value) -> Value {

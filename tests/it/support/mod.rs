@@ -327,6 +327,30 @@ impl Answer {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
+
+    /// Asserts a problem+json answer of this status whose type ends in
+    /// `/{problem}`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: StatusCode, problem: &str) {
+        assert_eq!(self.status, status, "{:?}", self.body);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert!(
+            self.body["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(&format!("/{problem}"))),
+            "{:?}",
+            self.body
+        );
+    }
+
+    /// Asserts the 422 for a key reused for another request.
+    #[track_caller]
+    pub fn assert_key_reused(&self) {
+        self.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    }
 }
 
 pub async fn send<S>(app: &S, req: test::TestRequest) -> Answer
