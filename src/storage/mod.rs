@@ -15,7 +15,7 @@ mod pool;
 mod scratch;
 
 pub use errors::StorageError;
-pub use feed_signal::FeedSignal;
+pub use feed_signal::{CHANNEL as FEED_CHANNEL_BASE, FeedSignal, channel as feed_channel};
 pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
     build_pool, redact,
@@ -89,8 +89,12 @@ impl Database {
             plans::record_feed_base(pg)?;
         }
         drop(conn);
-        let feed = FeedSignal::default();
+        let mut feed = FeedSignal::default();
         if let (true, DatabaseTarget::Postgres(url)) = (options.feed_listener, manager.target()) {
+            // Any connection can notify, through a transaction pooler too.
+            feed.notify_others(pool::with_libpq_defaults(
+                options.feed_listen_url.as_deref().unwrap_or(url),
+            ));
             match (&options.feed_listen_url, options.pg_pooler) {
                 (Some(direct), _) => feed.listen(pool::with_libpq_defaults(direct)),
                 (None, PgPooler::None) => feed.listen(pool::with_libpq_defaults(url)),

@@ -415,6 +415,54 @@ async fn a_write_through_another_instance_wakes_a_waiting_reader() {
     .await;
 }
 
+/// Nothing inside a write queues a notification (which would take
+/// PostgreSQL's cluster-wide notify lock in every commit): a plan inserted
+/// straight into the table, as the write inserts it, notifies nobody, so a
+/// sentinel sent after its commit is the first notification to arrive.
+/// Notifications arrive in commit order.
+#[actix_web::test]
+async fn inserting_a_plan_queues_no_notification_inside_its_transaction() {
+    use diesel::{Connection, PgConnection, RunQueryDsl};
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let url = scratch.url.clone();
+    let _app = TestApp::new(scratch);
+    let mut listener = PgConnection::establish(&url).expect("connect the listener");
+    let channel = plan_intake::storage::feed_channel(&mut listener).expect("the channel");
+    // The channel a trigger of old used, too.
+    let base = plan_intake::storage::FEED_CHANNEL_BASE;
+    for listened in [channel.as_str(), base] {
+        diesel::sql_query(format!("LISTEN \"{listened}\""))
+            .execute(&mut listener)
+            .expect("listen");
+    }
+    let mut writer = PgConnection::establish(&url).expect("connect the writer");
+    writer
+        .batch_execute(&crate::support::hand_written_plan_sql(
+            "rcpt_around",
+            "planner-a",
+            "'run-1'",
+            "blake3:around",
+        ))
+        .expect("a plan row, committed");
+    writer
+        .batch_execute(&format!("NOTIFY \"{channel}\", 'sentinel'"))
+        .expect("the sentinel");
+    let mut payloads = Vec::new();
+    crate::support::wait_until("the sentinel arrives", || {
+        payloads.extend(
+            listener
+                .notifications_iter()
+                .filter_map(|n| n.ok())
+                .map(|n| n.payload),
+        );
+        !payloads.is_empty()
+    })
+    .await;
+    assert_eq!(payloads[0], "sentinel", "{payloads:?}");
+}
+
 /// Transactions that write elsewhere in the cluster (another database, an
 /// idle-in-transaction session on another table) hold nothing back: a
 /// receipt is in the feed as soon as its 201 is out.
