@@ -537,7 +537,7 @@ fn bench_backend(
     )
     .expect("open the benchmark database");
     let token = add_login(&db, "bench", Permission::PlansSubmit);
-    let (baseline, ceiling) = without_http(&db, options);
+    let (baseline, ceiling) = without_http(&db, options, &token);
     let baseline_rate = baseline.rate();
     let ratio = |run: &Run| Some(run.rate() / baseline_rate);
 
@@ -628,7 +628,8 @@ fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
 /// The baseline (the same two-row transaction, straight through diesel)
 /// and the database's own ceiling for the service's write (the call the
 /// service makes, `Database::write_plan`), both without HTTP.
-fn without_http(db: &Database, options: &Options) -> (Run, Run) {
+fn without_http(db: &Database, options: &Options, token: &str) -> (Run, Run) {
+    let token_hash = plan_intake::intake::login::token_hash(token);
     let baseline_db = db.clone();
     let baseline = drive(
         options.concurrency,
@@ -653,9 +654,10 @@ fn without_http(db: &Database, options: &Options) -> (Run, Run) {
             };
             let plan = bench_plan("ceil", client, sequence);
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
-            ceiling_db
-                .write_plan(&mut conn, &plan, &plan.run_id, &deadline)
-                .is_ok()
+            matches!(
+                ceiling_db.write_plan(&mut conn, &plan, &plan.run_id, &token_hash, &deadline),
+                Ok(plan_intake::storage::plans::Written::Created(_))
+            )
         },
     );
     (baseline, ceiling)

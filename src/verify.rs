@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use diesel::RunQueryDsl;
 
 use crate::intake::login::LoginError;
-use crate::intake::{IdempotencyKey, Intake, Login, Permission, RetryPolicy, SubmitError, body};
+use crate::intake::{IdempotencyKey, Intake, Permission, RetryPolicy, SubmitError, body};
 use crate::metrics::Metrics;
 use crate::storage::catalog;
 use crate::storage::{
@@ -22,6 +22,8 @@ use crate::with_conn;
 pub const CONTENDERS: usize = 8;
 const CONTENDER_LOGIN: &str = "verify-contender";
 const CONTENDER_KEY: &str = "verify-one-key";
+/// How a contender gets its login's token (never on a command line).
+const CONTENDER_TOKEN_VAR: &str = "PLAN_INTAKE_VERIFY_TOKEN";
 const CONTENDER_BODY: &str = r#"{"run_id":"verify-run","approved_inputs":[{"id":"verify-input"}],"content":{"verify":true}}"#;
 
 pub struct Check {
@@ -215,7 +217,8 @@ fn blank_run_refused(url: &str) -> Result<String, VerifyError> {
 fn one_winner(url: &str) -> Result<String, VerifyError> {
     let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)?;
     let mut conn = db.conn()?;
-    crate::intake::login::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])?;
+    let token =
+        crate::intake::login::create(&mut conn, CONTENDER_LOGIN, &[Permission::PlansSubmit])?;
     let exe = std::env::current_exe()
         .map_err(|e| VerifyError::could_not("cannot find this binary", e))?;
     let mut contenders = Contenders(Vec::new());
@@ -225,6 +228,7 @@ fn one_winner(url: &str) -> Result<String, VerifyError> {
         let child = Command::new(&exe)
             .arg("verify-contender")
             .env("DATABASE_URL", url)
+            .env(CONTENDER_TOKEN_VAR, &token)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -294,10 +298,13 @@ impl Drop for Contenders {
 pub fn contend(url: &str) -> Result<String, VerifyError> {
     let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Skip)?;
     let intake = Intake::new(db, RetryPolicy::default(), Metrics::new());
-    let login = Login {
-        name: CONTENDER_LOGIN.to_owned(),
-        permissions: vec![Permission::PlansSubmit],
-    };
+    let token = std::env::var(CONTENDER_TOKEN_VAR)
+        .map_err(|e| VerifyError::could_not("the contender was given no token", e))?;
+    let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(60));
+    let caller = intake
+        .sign_in(&deadline, &token)
+        .map_err(|e| VerifyError::could_not("the contender cannot sign in", e))?
+        .ok_or_else(|| VerifyError::Broken("the contender's login is not active".to_owned()))?;
     let key = IdempotencyKey::parse(CONTENDER_KEY)
         .map_err(|e| VerifyError::could_not("the contender's key is refused", e))?;
     let submission = body::parse(CONTENDER_BODY.as_bytes())
@@ -306,8 +313,7 @@ pub fn contend(url: &str) -> Result<String, VerifyError> {
     std::io::stdin()
         .read_line(&mut gate)
         .map_err(|e| VerifyError::could_not("cannot read the start gate", e))?;
-    let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(60));
-    let accepted = intake.submit(&login, &key, &submission, &deadline)?;
+    let accepted = intake.submit(&caller, &key, &submission, &deadline)?;
     Ok(accepted.outcome.as_str().to_owned())
 }
 

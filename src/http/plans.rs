@@ -1,21 +1,23 @@
 //! `POST /v1/plans` and `GET /v1/plans/{receipt_id}`.
 
-use actix_web::http::header;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::http::{ConnectionType, header};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 
 use super::observe::{LoggedKey, LoggedMaker};
 use super::problem::{NotYours, Problem, Refusals};
 use super::receipts::readable;
 use super::{ApiError, AppState, auth};
+use crate::deadline::Deadline;
 use crate::intake::body::PlanRequest;
-use crate::intake::{IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
+use crate::intake::{Caller, IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
 
-/// The door, in order: who (401), may they (403), which attempt (400), what
-/// format (415), how big (413), what (400/422). Nothing touches the plan
-/// tables until all of it has passed.
+/// In order: who (401), may they (403), which attempt (400), what format
+/// (415), how big (413), what (400/422). Who comes first, before the body
+/// is read: a stranger costs at most one indexed lookup. Nothing touches
+/// the plan tables until all of it has passed.
 #[utoipa::path(post, path = "/v1/plans", tag = "plans",
     request_body(content = PlanRequest, content_type = "application/json"),
     params(
@@ -38,45 +40,52 @@ pub async fn submit_plan(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let answer = submit(&req, payload, &state).await;
+    let mut body_read = false;
+    let answer = submit(&req, payload, &state, &mut body_read).await;
     let label = match &answer {
         Ok((outcome, _)) => outcome.as_str(),
         Err(e) => e.outcome_label(),
     };
     state.intake.metrics.outcome(label);
-    answer.map(|(_, response)| response)
+    match answer {
+        Ok((_, response)) => Ok(response),
+        // A body left unread is not drained: the connection goes with it.
+        Err(error) if !body_read => {
+            let mut response = error.error_response();
+            response
+                .head_mut()
+                .set_connection_type(ConnectionType::Close);
+            Ok(response)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 async fn submit(
     req: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
+    body_read: &mut bool,
 ) -> Result<(Outcome, HttpResponse), ApiError> {
-    let token = auth::bearer_token(req)?.to_owned();
-    // The door's own checks run first but answer only after authentication:
-    // 401 and 403 come before anything a stranger could learn from the body.
-    let door = door(req, payload, state.http.body_limit).await;
+    let token = auth::bearer_token(req)?;
     let deadline = super::deadline::of(req, state);
-    // One blocking call and one pooled connection for the login lookup and
-    // the write: half the pool traffic of two.
-    let (maker, accepted) = state
+    let caller = signed_in(state, token, deadline).await?;
+    // The login was found: the log line names its maker, whatever comes next.
+    req.extensions_mut()
+        .insert(LoggedMaker(caller.login.name.clone()));
+    auth::require(&caller.login, Permission::PlansSubmit)?;
+    let key = idempotency_key(req)?;
+    require_json(req)?;
+    let bytes = read_body(req, payload, state.http.body_limit).await?;
+    *body_read = true;
+    // Parsed off the async workers, in the same blocking task as the write.
+    let accepted = state
         .blocking(deadline, move |intake| -> Result<_, ApiError> {
-            let caller = intake
-                .sign_in(&deadline, &token)?
-                .ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
-            let maker = caller.login.name.clone();
-            let written = auth::require(&caller.login, Permission::PlansSubmit)
-                .and(door)
-                .and_then(|(key, submission)| {
-                    Ok(intake.submit_as(caller, &key, &submission, &deadline)?)
-                });
-            Ok((maker, written))
+            let submission = body::parse(&bytes)?;
+            Ok(intake.submit(&caller, &key, &submission, &deadline)?)
         })
         .await?;
-    // The login was found: the log line names its maker, whatever came next.
-    req.extensions_mut().insert(LoggedMaker(maker));
-    let accepted = accepted?;
-    let receipt = accepted.receipt()?;
+    let receipt = accepted.receipt;
     let response = match accepted.outcome {
         Outcome::Created => HttpResponse::Created()
             .insert_header((
@@ -114,16 +123,17 @@ pub async fn get_plan(
     Ok(HttpResponse::Ok().json(plan))
 }
 
-/// Every check that needs no database: key, media type, size, body.
-async fn door(
-    req: &HttpRequest,
-    payload: web::Payload,
-    body_limit: usize,
-) -> Result<(IdempotencyKey, body::Submission), ApiError> {
-    let key = idempotency_key(req)?;
-    require_json(req)?;
-    let bytes = read_body(req, payload, body_limit).await?;
-    Ok((key, body::parse(&bytes)?))
+/// The caller that owns `token`: a login found recently is taken from
+/// memory (the write checks the token again), any other costs one lookup.
+async fn signed_in(state: &AppState, token: &str, deadline: Deadline) -> Result<Caller, ApiError> {
+    if let Some(caller) = state.intake.known_caller(token) {
+        return Ok(caller);
+    }
+    let token = token.to_owned();
+    state
+        .blocking(deadline, move |intake| intake.sign_in(&deadline, &token))
+        .await?
+        .ok_or(ApiError::Unauthorized("unknown or revoked token"))
 }
 
 fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {

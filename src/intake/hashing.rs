@@ -79,4 +79,32 @@ mod tests {
         );
         assert_eq!(parts.content, canonical(&content).expect("c"));
     }
+
+    /// Fixed bodies, fixed hashes: a change to parsing, canonical form or
+    /// composition that moved a stored hash would break every replay.
+    #[test]
+    fn hashes_of_fixed_bodies_never_drift() {
+        let pinned = [
+            (
+                r#"{"run_id":"run-1","approved_inputs":[{"id":"forecast-v12","digest":"blake3:00ff"}],"content":{"a":1}}"#,
+                "blake3:7b026f5cbca8579b98508ad60810d0c1fa46184c06c5334364077028d2e04406",
+                "blake3:0745d7344bba8e86c03c7e44aed3997b0b515b5f67b276a3ac866c0bf7ecba40",
+            ),
+            (
+                r#"{"content":{"lines":[{"sku":"A-1","qty":3},{"qty":1.5,"sku":"B-2"}],"note":"n"},"approved_inputs":[{"id":"b"},{"id":"a","digest":"d"}],"run_id":"r\u00e9"}"#,
+                "blake3:e569bd113dc7c7bb4844795b4fe11f12a96560ffe13b5895fa9f2914d8b71617",
+                "blake3:56413dc754ef0e0bf6b3eb3c0cd8dad7bb5e794dfa1ce1258c9bdccbcc2c6546",
+            ),
+            (
+                r#"{"run_id":"x","approved_inputs":[{"id":"i"}],"content":{"n":[1e2,0.5,-0,1E-7,100000000000000000000],"s":"\ud83d\ude00\u20ac","o":{}}}"#,
+                "blake3:f96637f65d2f0e321c7c06ddbc2c8e3e2101189734f1881e17a111a557e44023",
+                "blake3:a6554a4c4babf6549c3b7c15528ffe9a82403e178d42f452520b1a6e59d18bbc",
+            ),
+        ];
+        for (text, content_hash, request_hash) in pinned {
+            let parts = canonicalize(&body::parse(text.as_bytes()).expect("valid")).expect("c");
+            assert_eq!(parts.hashes.content_hash, content_hash, "{text}");
+            assert_eq!(parts.hashes.request_hash, request_hash, "{text}");
+        }
+    }
 }

@@ -3,9 +3,11 @@
 //! rotated and revoked by the command line, found by token hash on every
 //! request. A token is shown once and stored only as its hash.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::deadline::Deadline;
 use crate::storage::logins::{self as repo, LoginRow, NewLogin};
@@ -182,6 +184,57 @@ pub(crate) fn find(
     })?;
     let login = row.map(login_of).transpose()?;
     Ok((login, conn))
+}
+
+/// Logins recently found active, by token hash: what lets the door refuse a
+/// stranger before reading a body without a lookup for every planner's
+/// request. Only ever a hint: the write checks the token again in its own
+/// statement, so a revoked or rotated token is refused at once even while
+/// it is remembered here. Unknown tokens are never remembered (a stranger
+/// costs one indexed lookup, a new login works at once).
+pub struct KnownLogins {
+    entries: Mutex<HashMap<String, (Login, Instant)>>,
+}
+
+impl KnownLogins {
+    /// How long a found login is trusted to decide whether to read a body.
+    pub const TTL: Duration = Duration::from_secs(5);
+    /// At most this many remembered; when full, all are forgotten at once.
+    pub const CAPACITY: usize = 10_000;
+
+    pub fn new() -> Self {
+        Self {
+            entries: Mutex::default(),
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<String, (Login, Instant)>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn get(&self, token_hash: &str) -> Option<Login> {
+        let entries = self.entries();
+        let (login, found_at) = entries.get(token_hash)?;
+        (found_at.elapsed() < Self::TTL).then(|| login.clone())
+    }
+
+    pub fn remember(&self, token_hash: &str, login: &Login) {
+        let mut entries = self.entries();
+        if entries.len() >= Self::CAPACITY {
+            entries.clear();
+        }
+        entries.insert(token_hash.to_owned(), (login.clone(), Instant::now()));
+    }
+
+    pub fn forget(&self, token_hash: &str) {
+        self.entries().remove(token_hash);
+    }
+}
+
+impl Default for KnownLogins {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// The active login that owns `token`, if any, looked up outside any

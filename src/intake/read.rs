@@ -11,8 +11,8 @@ use super::receipt::{CorruptRow, PlanView, Receipt};
 use super::submit::Intake;
 use super::{Login, Permission};
 use crate::deadline::Deadline;
+use crate::storage::StorageError;
 use crate::storage::plans::{self, PlanRow};
-use crate::storage::{PooledConn, StorageError};
 
 /// A read that could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -52,18 +52,34 @@ impl From<LoginError> for ReadError {
     }
 }
 
-/// An authenticated caller, holding the connection its login was found on
-/// so that a write that follows needs no second checkout.
+/// A caller signed in to submit: its login, and the hash of the token it
+/// signed in with, which the write checks again in the same step, so a
+/// revocation takes effect at once however the login was found.
+#[derive(Debug, Clone)]
 pub struct Caller {
     pub login: Login,
-    pub(super) conn: PooledConn,
+    pub(super) token_hash: String,
 }
 
 impl Intake {
-    /// The caller that owns `token`, if its login is active.
+    /// The caller that owns `token`, if a recent lookup found its login
+    /// active: no database work, so the door may ask before it reads a
+    /// body. `None` means "look it up", never "refuse".
+    pub fn known_caller(&self, token: &str) -> Option<Caller> {
+        let token_hash = login::token_hash(token);
+        let login = self.known.get(&token_hash)?;
+        Some(Caller { login, token_hash })
+    }
+
+    /// The caller that owns `token`, if its login is active: one indexed
+    /// lookup, remembered for [`Intake::known_caller`].
     pub fn sign_in(&self, deadline: &Deadline, token: &str) -> Result<Option<Caller>, ReadError> {
-        let (login, conn) = login::find(&self.db, deadline, token)?;
-        Ok(login.map(|login| Caller { login, conn }))
+        let token_hash = login::token_hash(token);
+        let Some(login) = login::find(&self.db, deadline, token)?.0 else {
+            return Ok(None);
+        };
+        self.known.remember(&token_hash, &login);
+        Ok(Some(Caller { login, token_hash }))
     }
 
     /// The active login that owns `token`, if any.
@@ -83,7 +99,7 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<Receipt>, ReadError> {
         self.readable(login, receipt_id, deadline)?
-            .map(|row| Receipt::from_row(&row, None).map_err(Into::into))
+            .map(|row| Receipt::from_row(&row.receipt_row(), None).map_err(Into::into))
             .transpose()
     }
 
@@ -151,7 +167,7 @@ impl Intake {
                 Ok(if expand {
                     FeedEntry::Plan(PlanView::from_row(row)?)
                 } else {
-                    FeedEntry::Receipt(Receipt::from_row(row, None)?)
+                    FeedEntry::Receipt(Receipt::from_row(&row.receipt_row(), None)?)
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

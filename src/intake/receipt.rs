@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::body::ApprovedInput;
-use crate::storage::plans::PlanRow;
+use crate::storage::plans::{PlanRow, ReceiptRow};
 
 /// The receipt as the HTTP contract shows it. `outcome` is present only in
 /// answers to `POST /v1/plans`.
@@ -43,8 +43,8 @@ pub struct CorruptRow {
 }
 
 impl Receipt {
-    pub fn from_row(row: &PlanRow, outcome: Option<&'static str>) -> Result<Self, CorruptRow> {
-        let inputs = stored_inputs(row)?;
+    pub fn from_row(row: &ReceiptRow, outcome: Option<&'static str>) -> Result<Self, CorruptRow> {
+        let inputs = stored_inputs(&row.receipt_id, &row.approved_inputs)?;
         let permissions: Vec<String> =
             serde_json::from_str(&row.permissions).map_err(|source| CorruptRow {
                 receipt_id: row.receipt_id.clone(),
@@ -68,8 +68,8 @@ impl Receipt {
 impl PlanView {
     pub fn from_row(row: &PlanRow) -> Result<Self, CorruptRow> {
         Ok(Self {
-            receipt: Receipt::from_row(row, None)?,
-            approved_inputs: stored_inputs(row)?,
+            receipt: Receipt::from_row(&row.receipt_row(), None)?,
+            approved_inputs: stored_inputs(&row.receipt_id, &row.approved_inputs)?,
             content: serde_json::from_str(&row.content).map_err(|source| CorruptRow {
                 receipt_id: row.receipt_id.clone(),
                 column: "content",
@@ -79,9 +79,9 @@ impl PlanView {
     }
 }
 
-fn stored_inputs(row: &PlanRow) -> Result<Vec<ApprovedInput>, CorruptRow> {
-    serde_json::from_str(&row.approved_inputs).map_err(|source| CorruptRow {
-        receipt_id: row.receipt_id.clone(),
+fn stored_inputs(receipt_id: &str, stored: &str) -> Result<Vec<ApprovedInput>, CorruptRow> {
+    serde_json::from_str(stored).map_err(|source| CorruptRow {
+        receipt_id: receipt_id.to_owned(),
         column: "approved_inputs",
         source,
     })

@@ -5,13 +5,15 @@
 use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 
 use super::hashing::{self, CanonicalParts};
+use super::login::KnownLogins;
+use super::receipt::CorruptRow;
 use super::retry::RetryPolicy;
-use super::{Caller, IdempotencyKey, Login, Submission};
+use super::{Caller, IdempotencyKey, Login, Receipt, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::{Metrics, UnknownCommitBranch};
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
-use crate::storage::plans::{self, BatchFailure, NewPlan, PlanRow, Written};
-use crate::storage::{Database, DbConn, PooledConn, StorageError};
+use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, Written};
+use crate::storage::{Database, DbConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -33,10 +35,11 @@ impl Outcome {
     }
 }
 
+/// A request the write path answered 201 or 200: how, and the receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     pub outcome: Outcome,
-    pub plan: PlanRow,
+    pub receipt: Receipt,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +47,13 @@ pub enum SubmitError {
     /// The key was used by this maker for a different request: 422.
     #[error("idempotency key reused for a different request")]
     KeyReused,
+    /// The token no longer names an active login that may submit (revoked
+    /// or rotated since it was found): 401, nothing written.
+    #[error("unknown or revoked token")]
+    Unauthorized,
+    /// A stored plan's receipt cannot be read back: 500.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRow),
     /// A CHECK rule of the table refuses this plan: 422, never retried.
     #[error("the database refused the plan (rule {})", .constraint.as_deref().unwrap_or("unnamed"))]
     Refused {
@@ -87,13 +97,6 @@ impl SubmitError {
     }
 }
 
-impl Accepted {
-    /// The receipt this answer shows, with its outcome.
-    pub fn receipt(&self) -> Result<super::Receipt, super::receipt::CorruptRow> {
-        super::Receipt::from_row(&self.plan, Some(self.outcome.as_str()))
-    }
-}
-
 impl From<diesel::result::Error> for SubmitError {
     fn from(e: diesel::result::Error) -> Self {
         SubmitError::Storage(StorageError::Query(e))
@@ -102,55 +105,53 @@ impl From<diesel::result::Error> for SubmitError {
 
 /// The domain's entry point, for the door and the tools: the write path
 /// (here) and the reads (`read`), with what they need — the database, the
-/// retry policy and the counters. Cheap to clone; shared by every worker.
+/// retry policy, the counters and the logins recently found. Cheap to
+/// clone; shared by every worker.
 #[derive(Clone)]
 pub struct Intake {
     pub db: Database,
     pub retry: RetryPolicy,
     pub metrics: Metrics,
+    pub(super) known: std::sync::Arc<KnownLogins>,
 }
 
 impl Intake {
     pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
-        Self { db, retry, metrics }
+        Self {
+            db,
+            retry,
+            metrics,
+            known: std::sync::Arc::default(),
+        }
     }
 
-    /// Keeps `submission` once, giving up at `deadline`. Blocking: call from
+    /// Keeps `submission` once for a signed-in `caller`, whose token the
+    /// write checks again, giving up at `deadline`. Blocking: call from
     /// `web::block`.
     pub fn submit(
         &self,
-        login: &Login,
+        caller: &Caller,
         key: &IdempotencyKey,
         submission: &Submission,
         deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission)?;
-        self.write(None, login, key, submission, &parts, deadline)
-    }
-
-    /// [`Intake::submit`] for a signed-in caller, its first attempt on the
-    /// connection its login was found on.
-    pub fn submit_as(
-        &self,
-        caller: Caller,
-        key: &IdempotencyKey,
-        submission: &Submission,
-        deadline: &Deadline,
-    ) -> Result<Accepted, SubmitError> {
-        let parts = hashing::canonicalize(submission)?;
-        let Caller { login, conn } = caller;
-        self.write(Some(conn), &login, key, submission, &parts, deadline)
+        let written = self.write(caller, key, submission, &parts, deadline);
+        if matches!(written, Err(SubmitError::Unauthorized)) {
+            self.known.forget(&caller.token_hash);
+        }
+        written
     }
 
     fn write(
         &self,
-        mut first_conn: Option<PooledConn>,
-        login: &Login,
+        caller: &Caller,
         key: &IdempotencyKey,
         submission: &Submission,
         parts: &CanonicalParts,
         deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
+        let login = &caller.login;
         let mut attempt: u32 = 0;
         // After an unknown COMMIT that did not land, the insert is made once
         // more even if the retry budget is spent; only once per request.
@@ -158,21 +159,22 @@ impl Intake {
         loop {
             attempt += 1;
             let plan = new_plan(login, submission, parts);
-            let mut conn = match first_conn.take() {
-                Some(conn) => conn,
-                None => self.db.conn_within(deadline)?,
-            };
-            let failure = match self.db.write_plan(&mut conn, &plan, key.as_str(), deadline) {
-                Ok(Written::Created(row)) => return Ok(accepted(Outcome::Created, row)),
+            let mut conn = self.db.conn_within(deadline)?;
+            let written =
+                self.db
+                    .write_plan(&mut conn, &plan, key.as_str(), &caller.token_hash, deadline);
+            let failure = match written {
+                Ok(Written::Created(_)) => return Ok(created(&plan, login, submission)),
                 // A committed key row, found by a read: nothing was written.
                 Ok(Written::KeyHeld {
                     request_hash,
                     plan: row,
-                }) => return replay_or_refuse(&request_hash, &plan, row),
+                }) => return replay_or_refuse(&request_hash, &plan, &row),
                 // Only this request's key row was written, for the kept plan.
                 Ok(Written::AlreadyReceived(row)) => {
-                    return Ok(accepted(Outcome::AlreadyReceived, row));
+                    return accepted(Outcome::AlreadyReceived, &row);
                 }
+                Ok(Written::Unauthorized) => return Err(SubmitError::Unauthorized),
                 Err(failure) => failure,
             };
             let log = Attempt {
@@ -326,12 +328,12 @@ impl Intake {
             {
                 (
                     UnknownCommitBranch::Landed,
-                    Ok(Ok(accepted(Outcome::Created, row))),
+                    accepted(Outcome::Created, &row.receipt_row()).map(Ok),
                 )
             }
             Ok(Some((request_hash, row))) => (
                 UnknownCommitBranch::OtherRow,
-                replay_or_refuse(&request_hash, plan, row).map(Ok),
+                replay_or_refuse(&request_hash, plan, &row.receipt_row()).map(Ok),
             ),
         };
         self.metrics.unknown_commit(branch);
@@ -379,7 +381,7 @@ fn resolve_conflict(
     original: diesel::result::Error,
 ) -> Result<Accepted, SubmitError> {
     if let Some((request_hash, row)) = plans::find_by_key(conn, &plan.maker, key.as_str())? {
-        return replay_or_refuse(&request_hash, plan, row);
+        return replay_or_refuse(&request_hash, plan, &row.receipt_row());
     }
     Err(original.into())
 }
@@ -388,17 +390,48 @@ fn resolve_conflict(
 fn replay_or_refuse(
     stored_request_hash: &str,
     plan: &NewPlan,
-    row: PlanRow,
+    row: &ReceiptRow,
 ) -> Result<Accepted, SubmitError> {
     if stored_request_hash == plan.request_hash {
-        Ok(accepted(Outcome::Replayed, row))
+        accepted(Outcome::Replayed, row)
     } else {
         Err(SubmitError::KeyReused)
     }
 }
 
-fn accepted(outcome: Outcome, plan: PlanRow) -> Accepted {
-    Accepted { outcome, plan }
+/// The stored plan's receipt, answered with `outcome`.
+fn accepted(outcome: Outcome, row: &ReceiptRow) -> Result<Accepted, SubmitError> {
+    Ok(Accepted {
+        outcome,
+        receipt: Receipt::from_row(row, Some(outcome.as_str()))?,
+    })
+}
+
+/// The receipt of the plan this attempt wrote, from what it wrote: the same receipt a read of the row gives, without reading back
+/// or parsing what was just serialized.
+fn created(plan: &NewPlan, login: &Login, submission: &Submission) -> Accepted {
+    Accepted {
+        outcome: Outcome::Created,
+        receipt: Receipt {
+            receipt_id: plan.receipt_id.clone(),
+            maker: plan.maker.clone(),
+            run_id: plan.run_id.clone(),
+            content_hash: plan.content_hash.clone(),
+            request_hash: plan.request_hash.clone(),
+            approved_inputs: submission
+                .approved_inputs
+                .iter()
+                .map(|input| input.id.clone())
+                .collect(),
+            permissions: login
+                .permission_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            received_at: super::receipt::format_timestamp(&plan.received_at),
+            outcome: Some(Outcome::Created.as_str()),
+        },
+    }
 }
 
 fn new_plan(login: &Login, submission: &Submission, parts: &CanonicalParts) -> NewPlan {

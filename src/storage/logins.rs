@@ -32,24 +32,50 @@ pub fn insert(conn: &mut DbConn, login: &NewLogin<'_>) -> QueryResult<()> {
     with_conn!(conn, c => diesel::insert_into(logins::table).values(login).execute(c)).map(|_| ())
 }
 
-/// The active (not revoked) login whose token hashes to `token_hash`: its
-/// current token, or its previous one while that is in its grace period.
-/// Found by index lookups on the hashes, so no code compares secrets.
+/// The query for the active (not revoked) login whose token hashes to
+/// `token_hash`: its current token, or its previous one while that is in
+/// its grace period. Index lookups on the hashes, so no code compares
+/// secrets.
+macro_rules! active_by_token_hash {
+    ($token_hash:expr, $now:expr) => {
+        logins::table
+            .filter(
+                logins::token_hash
+                    .eq($token_hash)
+                    .or(logins::previous_token_hash
+                        .eq($token_hash)
+                        .and(logins::previous_token_expires_at.gt($now))),
+            )
+            .filter(logins::revoked_at.is_null())
+            .select(LoginRow::as_select())
+    };
+}
+
+/// The active login whose token hashes to `token_hash`, as of `now`.
 pub fn find_active_by_token_hash(
     conn: &mut DbConn,
     token_hash: &str,
     now: NaiveDateTime,
 ) -> QueryResult<Option<LoginRow>> {
-    with_conn!(conn, c => logins::table
-        .filter(
-            logins::token_hash.eq(token_hash).or(logins::previous_token_hash
-                .eq(token_hash)
-                .and(logins::previous_token_expires_at.gt(now))),
-        )
-        .filter(logins::revoked_at.is_null())
-        .select(LoginRow::as_select())
-        .first(c)
-        .optional())
+    with_conn!(conn, c => active_by_token_hash!(token_hash, now).first(c).optional())
+}
+
+/// SQLite: [`find_active_by_token_hash`] on the connection that writes.
+pub(super) fn find_active_on_sqlite(
+    lite: &mut diesel::SqliteConnection,
+    token_hash: &str,
+    now: NaiveDateTime,
+) -> QueryResult<Option<LoginRow>> {
+    active_by_token_hash!(token_hash, now)
+        .first(lite)
+        .optional()
+}
+
+/// Whether a stored login may submit plans (the write's own check; the
+/// door reads the same permission from the parsed login).
+pub(super) fn may_submit(row: &LoginRow) -> bool {
+    serde_json::from_str::<Vec<String>>(&row.permissions)
+        .is_ok_and(|names| names.iter().any(|n| n == "plans:submit"))
 }
 
 /// Gives the login a new token hash. The current one stays valid until

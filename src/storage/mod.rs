@@ -170,38 +170,65 @@ impl Database {
     }
 
     /// Writes a plan and its key row, both or neither, waiting for locks no
-    /// longer than the deadline allows — unless the key row is already
-    /// committed, which is answered from a read with nothing written.
-    /// Postgres: one statement on `conn` does both. SQLite: the read on
-    /// `conn` (local, no write lock), then the group-commit queue, which
-    /// hands the write lock on at once and commits many plans with one fsync
-    /// instead of leaving writers to SQLite's busy handler (see
-    /// `group_commit`).
+    /// longer than the deadline allows, for the caller whose token hashes to
+    /// `token_hash` — unless that token no longer names the plan's maker's
+    /// active login with `plans:submit` (nothing read or written), or the
+    /// key row is already committed, which is answered from a read with
+    /// nothing written. Postgres: one statement on `conn` does it all, the
+    /// login check included. SQLite: the login and the key row are read on
+    /// `conn` (local, no write lock), then the write goes through the
+    /// group-commit queue, which hands the write lock on at once and commits
+    /// many plans with one fsync instead of leaving writers to SQLite's busy
+    /// handler (see `group_commit`).
     pub fn write_plan(
         &self,
         conn: &mut DbConn,
         plan: &plans::NewPlan,
         idempotency_key: &str,
+        token_hash: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        // SQLite reads before it queues: a replay takes no write lock.
-        if conn.backend() == Backend::Sqlite
-            && let Some((request_hash, plan)) =
-                plans::find_by_key(conn, &plan.maker, idempotency_key)
-                    .map_err(|error| plans::WriteFailure::new(error, false))?
-        {
-            return Ok(plans::Written::KeyHeld { request_hash, plan });
-        }
         let written = match conn {
-            DbConn::Sqlite(lite) => self.writers.write(lite, plan, idempotency_key, deadline),
-            DbConn::Postgres(pg) => {
-                plans::write_postgres(pg, plan, idempotency_key, deadline.wait_budget_ms())
+            DbConn::Sqlite(lite) => {
+                self.write_sqlite(lite, plan, idempotency_key, token_hash, deadline)
             }
+            DbConn::Postgres(pg) => plans::write_postgres(
+                pg,
+                plan,
+                idempotency_key,
+                token_hash,
+                deadline.wait_budget_ms(),
+            ),
         };
         if let Ok(plans::Written::Created(_)) = written {
             self.feed.bump();
         }
         written
+    }
+
+    /// SQLite reads before it queues: a stranger or a replay takes no write
+    /// lock.
+    fn write_sqlite(
+        &self,
+        lite: &mut diesel::SqliteConnection,
+        plan: &plans::NewPlan,
+        idempotency_key: &str,
+        token_hash: &str,
+        deadline: &Deadline,
+    ) -> Result<plans::Written, plans::WriteFailure> {
+        let not_written = |error| plans::WriteFailure::new(error, false);
+        let login = logins::find_active_on_sqlite(lite, token_hash, plan.received_at)
+            .map_err(not_written)?;
+        if !login.is_some_and(|row| row.name == plan.maker && logins::may_submit(&row)) {
+            return Ok(plans::Written::Unauthorized);
+        }
+        if let Some((request_hash, plan)) =
+            plans::find_receipt_by_key_on_sqlite(lite, &plan.maker, idempotency_key)
+                .map_err(not_written)?
+        {
+            return Ok(plans::Written::KeyHeld { request_hash, plan });
+        }
+        self.writers.write(lite, plan, idempotency_key, deadline)
     }
 
     /// The write step alone, as a concurrent writer whose read came before

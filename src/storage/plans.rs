@@ -23,6 +23,38 @@ pub struct PlanRow {
     pub received_at: NaiveDateTime,
 }
 
+/// What a receipt shows of a stored plan: every column but the content.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, QueryableByName, Selectable)]
+#[diesel(table_name = plans)]
+pub struct ReceiptRow {
+    pub id: i64,
+    pub receipt_id: String,
+    pub maker: String,
+    pub run_id: String,
+    pub content_hash: String,
+    pub request_hash: String,
+    pub approved_inputs: String,
+    pub permissions: String,
+    pub received_at: NaiveDateTime,
+}
+
+impl PlanRow {
+    /// The receipt's part of this row.
+    pub fn receipt_row(&self) -> ReceiptRow {
+        ReceiptRow {
+            id: self.id,
+            receipt_id: self.receipt_id.clone(),
+            maker: self.maker.clone(),
+            run_id: self.run_id.clone(),
+            content_hash: self.content_hash.clone(),
+            request_hash: self.request_hash.clone(),
+            approved_inputs: self.approved_inputs.clone(),
+            permissions: self.permissions.clone(),
+            received_at: self.received_at,
+        }
+    }
+}
+
 /// A plan about to be written; `receipt_id` and `received_at` are made by
 /// the service before the attempt, so a re-read can recognise its own row.
 #[derive(Debug, Clone, PartialEq, Eq, Insertable)]
@@ -143,22 +175,30 @@ impl BatchFailure {
     }
 }
 
-/// What a write found or made.
+/// What a write found or made; each plan as its receipt shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
     /// This attempt wrote the plan and its key row.
-    Created(PlanRow),
+    Created(ReceiptRow),
     /// The key row was already committed: nothing was written. Its request
     /// hash and the plan it points at decide replay or refusal.
-    KeyHeld { request_hash: String, plan: PlanRow },
+    KeyHeld {
+        request_hash: String,
+        plan: ReceiptRow,
+    },
     /// The plan was already kept for this maker, run and content: only this
     /// request's key row was written, pointing at it, so the key is bound
     /// from now on.
-    AlreadyReceived(PlanRow),
+    AlreadyReceived(ReceiptRow),
+    /// The token no longer names this maker's active login with
+    /// `plans:submit` (revoked, rotated past its grace period): nothing was
+    /// read or written.
+    Unauthorized,
 }
 
-/// One row of `plan_intake_write`: what it did (`created`, `key_held` or
-/// `already_received`), the key's request hash and the plan.
+/// One row of `plan_intake_write`: what it did (`created`, `key_held`,
+/// `already_received` or `unauthorized`), the key's request hash and the
+/// plan's receipt columns.
 #[derive(QueryableByName)]
 struct WriteRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
@@ -166,28 +206,30 @@ struct WriteRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     key_request_hash: String,
     #[diesel(embed)]
-    plan: PlanRow,
+    plan: ReceiptRow,
 }
 
 /// Postgres: `SELECT * FROM plan_intake_write(…)`, one statement outside any
 /// explicit transaction, one round trip for every outcome (migration
-/// `…_plan_intake_write_records_keys`): a committed key row is answered from
-/// a read, without writing; otherwise both rows are written, both or
-/// neither. A unique violation rolls both back and is resolved in the same
-/// statement: the committed key row decides, else the plan kept for the
-/// content gets this request's key row. Its locks wait at most
-/// `lock_timeout_ms`.
+/// `…_plan_intake_write_checks_login`): the login that `token_hash` names
+/// is checked first (this maker's, active, with `plans:submit`); a
+/// committed key row is answered from a read, without writing; otherwise
+/// both rows are written, both or neither. A unique violation rolls both
+/// back and is resolved in the same statement: the committed key row
+/// decides, else the plan kept for the content gets this request's key
+/// row. Its locks wait at most `lock_timeout_ms`.
 pub(super) fn write_postgres(
     pg: &mut diesel::PgConnection,
     plan: &NewPlan,
     idempotency_key: &str,
+    token_hash: &str,
     lock_timeout_ms: u32,
 ) -> Result<Written, WriteFailure> {
     use diesel::sql_types::{Integer, Text, Timestamp};
     diesel::sql_query(
         "SELECT outcome, key_request_hash, id, receipt_id, maker, run_id, content_hash,
-                request_hash, content, approved_inputs, permissions, received_at
-           FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                request_hash, approved_inputs, permissions, received_at
+           FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind::<Text, _>(&plan.receipt_id)
     .bind::<Text, _>(&plan.maker)
@@ -200,6 +242,7 @@ pub(super) fn write_postgres(
     .bind::<Timestamp, _>(plan.received_at)
     .bind::<Text, _>(idempotency_key)
     .bind::<Integer, _>(i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX))
+    .bind::<Text, _>(token_hash)
     .get_result::<WriteRow>(pg)
     .and_then(|row| match row.outcome.as_str() {
         "created" => Ok(Written::Created(row.plan)),
@@ -208,6 +251,7 @@ pub(super) fn write_postgres(
             plan: row.plan,
         }),
         "already_received" => Ok(Written::AlreadyReceived(row.plan)),
+        "unauthorized" => Ok(Written::Unauthorized),
         other => Err(diesel::result::Error::DeserializationError(
             format!("plan_intake_write answered an unknown outcome {other:?}").into(),
         )),
@@ -235,10 +279,10 @@ pub(super) fn insert_both_rows(
     c: &mut diesel::SqliteConnection,
     plan: &NewPlan,
     idempotency_key: &str,
-) -> QueryResult<PlanRow> {
-    let row: PlanRow = diesel::insert_into(plans::table)
+) -> QueryResult<ReceiptRow> {
+    let row: ReceiptRow = diesel::insert_into(plans::table)
         .values(plan)
-        .returning(PlanRow::as_returning())
+        .returning(ReceiptRow::as_returning())
         .get_result(c)?;
     insert_key_row(c, plan, idempotency_key, row.id)?;
     Ok(row)
@@ -262,15 +306,15 @@ pub(super) fn insert_key_row(
         .execute(c)
 }
 
-/// The query for a key row's request hash and the plan it points at, for
-/// any backend's connection.
+/// The query for a key row's request hash and the plan it points at (as
+/// `$row`: `PlanRow` or `ReceiptRow`), for any backend's connection.
 macro_rules! by_key {
-    ($maker:expr, $idempotency_key:expr) => {
+    ($maker:expr, $idempotency_key:expr, $row:ty) => {
         intake_keys::table
             .inner_join(plans::table)
             .filter(intake_keys::maker.eq($maker))
             .filter(intake_keys::idempotency_key.eq($idempotency_key))
-            .select((intake_keys::request_hash, PlanRow::as_select()))
+            .select((intake_keys::request_hash, <$row>::as_select()))
     };
 }
 
@@ -283,27 +327,30 @@ macro_rules! by_content {
             .filter(plans::maker.eq($maker))
             .filter(plans::run_id.eq($run_id))
             .filter(plans::content_hash.eq($content_hash))
-            .select(PlanRow::as_select())
+            .select(ReceiptRow::as_select())
     };
 }
 
-/// The key row's request hash and the plan it points at.
+/// The key row's request hash and the whole plan it points at (to compare
+/// with a plan this attempt may have written).
 pub fn find_by_key(
     conn: &mut DbConn,
     maker: &str,
     idempotency_key: &str,
 ) -> QueryResult<Option<(String, PlanRow)>> {
-    with_conn!(conn, c => by_key!(maker, idempotency_key).first(c).optional())
+    with_conn!(conn, c => by_key!(maker, idempotency_key, PlanRow).first(c).optional())
 }
 
-/// The plan already kept for this maker, run and content.
-pub fn find_by_content(
-    conn: &mut DbConn,
+/// SQLite: the key row's request hash and the receipt of the plan it
+/// points at, on the connection that writes.
+pub(super) fn find_receipt_by_key_on_sqlite(
+    lite: &mut diesel::SqliteConnection,
     maker: &str,
-    run_id: &str,
-    content_hash: &str,
-) -> QueryResult<Option<PlanRow>> {
-    with_conn!(conn, c => by_content!(maker, run_id, content_hash).first(c).optional())
+    idempotency_key: &str,
+) -> QueryResult<Option<(String, ReceiptRow)>> {
+    by_key!(maker, idempotency_key, ReceiptRow)
+        .first(lite)
+        .optional()
 }
 
 /// SQLite, inside the group-commit transaction, after `plan`'s savepoint
@@ -316,14 +363,17 @@ pub(super) fn resolve_in_transaction(
     plan: &NewPlan,
     idempotency_key: &str,
 ) -> QueryResult<Option<Written>> {
-    if let Some((request_hash, row)) = by_key!(&plan.maker, idempotency_key).first(c).optional()? {
+    if let Some((request_hash, row)) = by_key!(&plan.maker, idempotency_key, ReceiptRow)
+        .first(c)
+        .optional()?
+    {
         return Ok(Some(Written::KeyHeld {
             request_hash,
             plan: row,
         }));
     }
     let Some(kept) = by_content!(&plan.maker, &plan.run_id, &plan.content_hash)
-        .first::<PlanRow>(c)
+        .first::<ReceiptRow>(c)
         .optional()?
     else {
         return Ok(None);

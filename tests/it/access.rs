@@ -13,6 +13,9 @@ on_both_backends!(
     submitting_needs_plans_submit,
     receipts_are_readable_by_their_maker_and_the_ordering_system,
     nothing_is_written_for_any_client_error,
+    a_revocation_is_refused_at_once_by_every_instance,
+    a_rotated_token_is_refused_once_its_grace_ends,
+    a_stranger_is_answered_before_the_body_is_sent,
 );
 
 async fn tokens_must_be_known_and_active(db: TestDb) {
@@ -211,4 +214,110 @@ async fn nothing_is_written_for_any_client_error(db: TestDb) {
         assert_eq!(answer.body["status"], status.as_u16(), "{why}");
     }
     app.assert_rows(0, 0);
+}
+
+/// Each instance remembers logins it found (to refuse strangers before
+/// reading a body), yet a request made after `logins revoke` returned is
+/// refused by every instance: the write checks the token itself.
+async fn a_revocation_is_refused_at_once_by_every_instance(db: TestDb) {
+    let url = db.url.clone();
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let first = app.service_with(app.intake.clone()).await;
+    let second = app
+        .service_with(crate::support::instance(
+            &url,
+            plan_intake::storage::MigrateOnOpen::Skip,
+        ))
+        .await;
+    let body = plan_body("run-1", "x");
+    for (service, key) in [(&first, "k1"), (&second, "k2")] {
+        // Twice each: the second is answered with the login remembered.
+        for _ in 0..2 {
+            let answer = send(service, post_plan(&token, key, &body)).await;
+            assert!(answer.status.is_success(), "{:?}", answer.body);
+        }
+    }
+    app.assert_rows(1, 2);
+
+    plan_intake::intake::login::revoke(&mut app.conn(), "planner-a").expect("revoke");
+    for service in [&first, &second] {
+        for (key, body) in [
+            ("k1", plan_body("run-1", "x")),
+            ("k3", plan_body("run-2", "y")),
+        ] {
+            let answer = send(service, post_plan(&token, key, &body)).await;
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{:?}", answer.body);
+            assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
+        }
+    }
+    app.assert_rows(1, 2);
+}
+
+/// Rotated with no grace period, the old token is refused at once by an
+/// instance that remembers it; the new one works.
+async fn a_rotated_token_is_refused_once_its_grace_ends(db: TestDb) {
+    let app = TestApp::new(db);
+    let old = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let created = send(&service, post_plan(&old, "k1", &plan_body("run-1", "x"))).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+
+    let new =
+        plan_intake::intake::login::rotate(&mut app.conn(), "planner-a", std::time::Duration::ZERO)
+            .expect("rotate");
+    let refused = send(&service, post_plan(&old, "k2", &plan_body("run-2", "x"))).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNAUTHORIZED,
+        "{:?}",
+        refused.body
+    );
+    app.assert_rows(1, 1);
+    let replayed = send(&service, post_plan(&new, "k1", &plan_body("run-1", "x"))).await;
+    assert_eq!(replayed.body["outcome"], "replayed", "{:?}", replayed.body);
+}
+
+/// A request with an unknown token is answered 401 before any of its body
+/// is sent, within the limit or over it (401, not 413), and the connection
+/// is closed, since the body was never drained.
+async fn a_stranger_is_answered_before_the_body_is_sent(db: TestDb) {
+    let url = db.url.clone();
+    let _app = TestApp::new(db);
+    let server = crate::support::process::ServeProcess::start(&url);
+    for declared in [500_000, 5_000_000] {
+        let text = answer_to_head_only(&server.addr, declared);
+        assert!(text.starts_with("http/1.1 401"), "{declared}: {text}");
+        assert!(
+            text.contains("\r\nconnection: close\r\n"),
+            "{declared}: {text}"
+        );
+        assert!(
+            text.contains("www-authenticate: bearer"),
+            "{declared}: {text}"
+        );
+    }
+}
+
+/// Sends a POST's head declaring `content_length` bytes and none of them,
+/// and reads until the server closes: a server that waited for the body
+/// would never answer (the read times out and fails the test).
+fn answer_to_head_only(addr: &str, content_length: usize) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pit_unknown\r\n\
+         Idempotency-Key: k\r\nContent-Type: application/json\r\n\
+         Content-Length: {content_length}\r\n\r\n"
+    )
+    .expect("send the head");
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(read.is_ok(), "no answer and close: {read:?} {text}");
+    text
 }

@@ -112,6 +112,7 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
         let service = app.service().await;
         let competitor = competing_plan("planner-a", &other_body);
         let competitor_receipt = competitor.receipt_id.clone();
+        let token_hash = plan_intake::intake::login::token_hash(&token);
         let hook = Box::new(move || {
             let other = plan_intake::storage::Database::open(
                 &direct_url,
@@ -125,6 +126,7 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
                     &mut other.conn().expect("conn"),
                     &competitor,
                     "k",
+                    &token_hash,
                     &deadline,
                 )
                 .expect("the other attempt commits");
