@@ -130,10 +130,24 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
             message: format!("not I-JSON (RFC 7493): {message}"),
         }]),
     })?;
-    if !value.is_object() {
+    let Value::Object(mut fields) = value else {
         return Err(invalid(WHOLE_BODY, "body must be a JSON object"));
-    }
-    let body: PlanBody = serde_path_to_error::deserialize(value).map_err(|e| {
+    };
+    // The content, however large, is moved out rather than rebuilt by the
+    // derive: an empty object stands in for it while the rest is checked.
+    let content = match fields.remove("content") {
+        Some(Value::Object(content)) => {
+            fields.insert("content".to_owned(), Value::Object(Map::new()));
+            Some(content)
+        }
+        other => {
+            if let Some(other) = other {
+                fields.insert("content".to_owned(), other);
+            }
+            None
+        }
+    };
+    let body: PlanBody = serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| {
         let field = e.path().to_string();
         let field = if field == "." {
             WHOLE_BODY.to_owned()
@@ -145,7 +159,7 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
     body.validate()
         .map_err(|errors| BodyError::Invalid(flatten(&errors)))?;
     let (Some(run_id), Some(inputs), Some(content)) =
-        (body.run_id, body.approved_inputs, body.content)
+        (body.run_id, body.approved_inputs, content.or(body.content))
     else {
         // `validate` refused every missing field above; this arm is unreachable.
         return Err(invalid(

@@ -152,6 +152,11 @@ impl<'a> StrictVisitor<'a> {
 
     /// A number as sent, kept only if canonicalization keeps its value.
     fn number<E: de::Error>(self, text: &str) -> Result<Value, E> {
+        // Most numbers are small integers, exact in any double: no need to
+        // round-trip them (the check below costs a parse and a format).
+        if let Some(exact) = small_integer(text) {
+            return Ok(Value::Number(exact.into()));
+        }
         let refused = || {
             self.refuse(format!(
                 "number {text} is not exactly representable as an IEEE 754 double"
@@ -167,26 +172,49 @@ impl<'a> StrictVisitor<'a> {
     }
 }
 
+/// An integer written without sign tricks, fraction or exponent, and with
+/// at most 15 digits: below 2^53, so exactly a double. (`-0` is left to the
+/// full check, which keeps it as written.)
+fn small_integer(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let plain = !digits.is_empty()
+        && digits.len() <= 15
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && text != "-0";
+    if plain { text.parse().ok() } else { None }
+}
+
 /// A decimal number's value as (negative, significant digits, exponent of
-/// the last digit), with zero written one way: `1.50e1` and `15` alike.
-fn decimal(text: &str) -> Option<(bool, String, i64)> {
+/// the last digit), with zero written one way: `1.50e1` and `15` alike, and
+/// zero alike whatever its exponent (`0e99999999999999999999` is 0). The
+/// exponent is exact, however it was written: `None` only for a non-zero
+/// number whose exponent is beyond any double's (refused by the caller).
+fn decimal(text: &str) -> Option<(bool, String, i128)> {
     let (negative, unsigned) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),
     };
     let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
-        Some(at) => (&unsigned[..at], unsigned[at + 1..].parse::<i64>().ok()?),
-        None => (unsigned, 0),
+        Some(at) => (&unsigned[..at], Some(&unsigned[at + 1..])),
+        None => (unsigned, None),
     };
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let digits: String = whole.chars().chain(fraction.chars()).collect();
-    let mut exponent = exponent - i64::try_from(fraction.len()).ok()?;
     let trimmed_end = digits.trim_end_matches('0');
-    exponent += i64::try_from(digits.len() - trimmed_end.len()).ok()?;
     let significant = trimmed_end.trim_start_matches('0');
     if significant.is_empty() {
         return Some((false, String::new(), 0));
     }
+    // i128 holds any exponent a 1 MiB body's number can need for a value
+    // that is not zero; one that does not parse is far beyond a double's.
+    let written: i128 = match exponent {
+        Some(text) => text.parse().ok()?,
+        None => 0,
+    };
+    let exponent = written
+        .checked_sub(i128::try_from(fraction.len()).ok()?)?
+        .checked_add(i128::try_from(digits.len() - trimmed_end.len()).ok()?)?;
     Some((negative, significant.to_owned(), exponent))
 }
 
@@ -358,6 +386,48 @@ mod tests {
                 other => panic!("{refused}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn extreme_exponents_are_exact_or_refused() {
+        for zero in [
+            "0e+9223372036854775807",
+            "0e-9223372036854775809",
+            "0.0e99999999999999999999",
+            "-0.000e-99999999999999999999999",
+        ] {
+            let value = parse(format!(r#"{{"n":{zero}}}"#).as_bytes())
+                .unwrap_or_else(|e| panic!("{zero}: {e:?}"));
+            assert_eq!(
+                serde_json_canonicalizer::to_string(&value).expect("canonical"),
+                r#"{"n":0}"#,
+                "{zero}"
+            );
+        }
+        for beyond in [
+            "1e-9223372036854775808",
+            "1e+9223372036854775808",
+            "1e99999999999999999999999999999999999999999",
+            "-2.5e-400",
+        ] {
+            assert!(
+                matches!(
+                    parse(format!(r#"{{"n":{beyond}}}"#).as_bytes()),
+                    Err(JsonError::NotIJson { .. })
+                ),
+                "{beyond}"
+            );
+        }
+    }
+
+    #[test]
+    fn small_integers_take_the_short_way_and_keep_their_value() {
+        assert_eq!(small_integer("0"), Some(0));
+        assert_eq!(small_integer("-123456789012345"), Some(-123456789012345));
+        assert_eq!(small_integer("1234567890123456"), None);
+        assert_eq!(small_integer("-0"), None);
+        assert_eq!(small_integer("1.0"), None);
+        assert_eq!(small_integer("1e2"), None);
     }
 
     #[test]
