@@ -28,6 +28,12 @@ use serde_json::json;
 const BIN: &str = env!("CARGO_BIN_EXE_plan-intake");
 /// Plans timed from their 201 to a waiting reader, per push scenario.
 const PUSH_SAMPLES: usize = 200;
+/// The service logs as it does in production: one line per request.
+const SERVICE_LOG: &str = "info";
+/// Plans loaded by SQL before the growth run.
+const GROWTH_PLANS: u64 = 3_000_000;
+/// The plan sizes of the size scenarios: (name, small objects in content).
+const PLAN_SIZES: [(&str, usize); 3] = [("1 KiB", 110), ("64 KiB", 8_100), ("1 MiB", 125_000)];
 
 struct Options {
     backends: Vec<&'static str>,
@@ -77,21 +83,23 @@ struct Run {
     latencies: Vec<Duration>,
     errors: u64,
     elapsed: Duration,
+    /// Requests counted without their latencies (pgbench reports a rate).
+    counted: Option<u64>,
 }
 
 impl Run {
     fn rate(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+        self.counted.unwrap_or(self.latencies.len() as u64) as f64 / self.elapsed.as_secs_f64()
     }
 
-    fn percentile(&self, p: f64) -> Duration {
+    fn percentile(&self, p: f64) -> Option<Duration> {
         let mut sorted = self.latencies.clone();
         sorted.sort();
         if sorted.is_empty() {
-            return Duration::ZERO;
+            return None;
         }
         let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-        sorted[index]
+        Some(sorted[index])
     }
 }
 
@@ -142,6 +150,7 @@ fn drive<S: Send + 'static>(
         latencies,
         errors: errors.load(Ordering::Relaxed),
         elapsed: started.elapsed(),
+        counted: None,
     }
 }
 
@@ -291,6 +300,7 @@ fn push_latency(
         errors: (created.len() - latencies.len()) as u64 + (samples - created.len()) as u64,
         latencies,
         elapsed: started.elapsed(),
+        counted: None,
     }
 }
 
@@ -413,7 +423,7 @@ impl Service {
             ])
             .args(extra)
             .env("DATABASE_URL", url)
-            .env("PLAN_INTAKE_LOG", "warn,plan_intake::serve=info")
+            .env("PLAN_INTAKE_LOG", SERVICE_LOG)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -490,10 +500,14 @@ fn fresh_database(backend: &str, options: &Options) -> (String, Box<dyn FnOnce()
 
 struct Row {
     backend: &'static str,
-    scenario: &'static str,
+    scenario: String,
     run: Run,
     rss_mib: Option<f64>,
+    /// Against the naive two-row transaction (Postgres: pgbench; SQLite:
+    /// the hand-rolled `BEGIN IMMEDIATE` loop).
     ratio: Option<f64>,
+    /// Postgres: against pgbench writing both rows in one statement.
+    of_ceiling: Option<f64>,
     /// CPU ms per request: (service, load generator).
     cpu: Option<(f64, f64)>,
 }
@@ -522,7 +536,8 @@ fn bench_backend(
     rows: &mut Vec<Row>,
     push_rows: &mut Vec<PushRow>,
 ) {
-    let pool_size = if backend == "postgres" {
+    let postgres = backend == "postgres";
+    let pool_size = if postgres {
         options.concurrency as u32
     } else {
         8
@@ -537,19 +552,74 @@ fn bench_backend(
     )
     .expect("open the benchmark database");
     let token = add_login(&db, "bench", Permission::PlansSubmit);
-    let (baseline, ceiling) = without_http(&db, options, &token);
-    let baseline_rate = baseline.rate();
-    let ratio = |run: &Run| Some(run.rate() / baseline_rate);
+    let mut table = Table {
+        backend,
+        rows: Vec::new(),
+    };
+    // The naive two-row transaction, and (Postgres) both rows in one
+    // statement: what the database can write, measured by pgbench.
+    let (naive, one_statement) = if postgres {
+        (
+            pgbench(url, NAIVE_TWO_ROWS, options),
+            pgbench(url, ONE_STATEMENT, options),
+        )
+    } else {
+        (None, None)
+    };
+    let (diesel_baseline, write_only) = without_http(&db, options, &token);
+    let without_triggers = postgres.then(|| {
+        execute(&db, "ALTER TABLE plans DISABLE TRIGGER ALL");
+        let run = without_http(&db, options, &token).1;
+        execute(&db, "ALTER TABLE plans ENABLE TRIGGER ALL");
+        run
+    });
+    let base_rate = naive.as_ref().unwrap_or(&diesel_baseline).rate();
+    let ceiling_rate = one_statement.as_ref().map(|run| run.rate());
+    if let Some(naive) = naive {
+        table.add("pgbench: BEGIN; INSERT; INSERT; COMMIT", naive, None, None);
+    }
+    if let Some(one) = one_statement {
+        table.add(
+            "pgbench: both rows in one statement (ceiling)",
+            one,
+            None,
+            None,
+        );
+    }
+    table.add(
+        "diesel: the two-row transaction, no HTTP",
+        diesel_baseline,
+        None,
+        None,
+    );
+    table.add("the service's write, no HTTP", write_only, None, None);
+    if let Some(run) = without_triggers {
+        table.add(
+            "the service's write, no HTTP, every trigger on plans disabled",
+            run,
+            None,
+            None,
+        );
+    }
 
     let service = Service::start(url, pool_size);
     let http = through_http(&service, &token, options);
+    let empty_table_rate = http.scenarios[0].1.rate();
+    for (scenario, run, cpu) in http.scenarios {
+        table.add(scenario, run, Some(http.rss_mib), Some(cpu));
+    }
+    for (scenario, run, cpu) in plan_sizes(&service, &token, options) {
+        table.add(&scenario, run, Some(service.peak_rss_mib()), Some(cpu));
+    }
     let orders = add_login(&db, "bench-orders", Permission::ReceiptsRead);
+    let (run, cpu) = feed_pages(&service, &orders, options);
+    table.add("feed page of 100 receipts", run, None, Some(cpu));
     push_rows.push((
         backend,
         "the same instance",
         push_latency(&service.addr, &service.addr, &token, &orders, PUSH_SAMPLES),
     ));
-    if backend == "postgres" {
+    if postgres {
         let other = Service::start(url, pool_size);
         push_rows.push((
             backend,
@@ -557,48 +627,280 @@ fn bench_backend(
             push_latency(&service.addr, &other.addr, &token, &orders, PUSH_SAMPLES),
         ));
     }
-    drop(service);
-
-    rows.push(Row {
-        backend,
-        scenario: "baseline (diesel, no HTTP)",
-        rss_mib: None,
-        ratio: Some(1.0),
-        cpu: None,
-        run: baseline,
-    });
-    rows.push(Row {
-        backend,
-        scenario: "the service's write, no HTTP (ceiling)",
-        rss_mib: None,
-        ratio: ratio(&ceiling),
-        cpu: None,
-        run: ceiling,
-    });
-    if backend == "postgres"
-        && let Some(bouncer) = Bouncer::start(&options.postgres_url)
-    {
+    if postgres && let Some(bouncer) = Bouncer::start(&options.postgres_url) {
         for (scenario, run, rss) in through_pgbouncer(&bouncer, pool_size, options) {
-            rows.push(Row {
-                backend,
-                scenario,
-                rss_mib: Some(rss),
-                ratio: ratio(&run),
-                cpu: None,
-                run,
-            });
+            table.add(scenario, run, Some(rss), None);
         }
     }
-    for (scenario, run, cpu) in http.scenarios {
-        rows.push(Row {
-            backend,
-            scenario,
-            rss_mib: Some(http.rss_mib),
-            ratio: ratio(&run),
-            cpu: Some(cpu),
+    if postgres {
+        load_stored_plans(&db, GROWTH_PLANS);
+        let (run, cpu) = new_plans(&service, &token, "grown", &body, options);
+        println!(
+            "growth: new plans at {GROWTH_PLANS} stored plans run at {:.2} x the empty-table rate",
+            run.rate() / empty_table_rate
+        );
+        table.add(
+            &format!(
+                "new plans, {}M plans already stored",
+                GROWTH_PLANS / 1_000_000
+            ),
             run,
+            None,
+            Some(cpu),
+        );
+        let (run, cpu) = feed_pages(&service, &orders, options);
+        table.add(
+            &format!(
+                "feed page of 100 receipts, {}M plans stored",
+                GROWTH_PLANS / 1_000_000
+            ),
+            run,
+            None,
+            Some(cpu),
+        );
+    }
+    drop(service);
+    for mut row in table.rows {
+        row.ratio = Some(row.run.rate() / base_rate);
+        row.of_ceiling = ceiling_rate.map(|c| row.run.rate() / c);
+        rows.push(row);
+    }
+}
+
+/// One backend's rows, as they are measured.
+struct Table {
+    backend: &'static str,
+    rows: Vec<Row>,
+}
+
+impl Table {
+    fn add(&mut self, scenario: &str, run: Run, rss_mib: Option<f64>, cpu: Option<(f64, f64)>) {
+        self.rows.push(Row {
+            backend: self.backend,
+            scenario: scenario.to_owned(),
+            run,
+            rss_mib,
+            ratio: None,
+            of_ceiling: None,
+            cpu,
         });
     }
+}
+
+fn execute(db: &Database, sql: &str) {
+    let mut conn = db.conn().expect("connection");
+    let DbConn::Postgres(pg) = &mut *conn else {
+        panic!("{sql}: a Postgres statement");
+    };
+    pg.batch_execute(sql).expect(sql);
+}
+
+/// The naive two-row transaction, as pgbench runs it.
+const NAIVE_TWO_ROWS: &str = r#"BEGIN;
+INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at) VALUES ('rcpt_' || gen_random_uuid(), 'bench', 'pgb-' || gen_random_uuid(), 'blake3:pgb', 'blake3:pgb', '{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}', '[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]', '["plans:submit"]', now()) RETURNING id \gset
+INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at) VALUES ('bench', 'pgb-' || gen_random_uuid(), 'blake3:pgb', :id, now());
+COMMIT;
+"#;
+
+/// Both rows in one statement: the shape of `plan_intake_write`'s work.
+const ONE_STATEMENT: &str = r#"WITH p AS (INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content, approved_inputs, permissions, received_at) VALUES ('rcpt_' || gen_random_uuid(), 'bench', 'pgb1-' || gen_random_uuid(), 'blake3:pgb', 'blake3:pgb', '{"lines":[{"qty":3,"sku":"A-1"},{"qty":1.5,"sku":"B-2"}],"note":"benchmark"}', '[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]', '["plans:submit"]', now()) RETURNING id, maker, request_hash, received_at) INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at) SELECT maker, 'pgb1-' || gen_random_uuid(), request_hash, id, received_at FROM p;
+"#;
+
+/// pgbench running `script` with the benchmark's concurrency against the
+/// schema `url` selects; `None` (with a note) where pgbench is missing.
+fn pgbench(url: &str, script: &str, options: &Options) -> Option<Run> {
+    let file = tempfile::NamedTempFile::new().ok()?;
+    std::fs::write(file.path(), script).ok()?;
+    let started = Instant::now();
+    let output = Command::new("pgbench")
+        .args([
+            "-n",
+            "-c",
+            &options.concurrency.to_string(),
+            "-j",
+            "2",
+            "-T",
+        ])
+        .arg(options.duration.as_secs().to_string())
+        .arg("-f")
+        .arg(file.path())
+        .arg(url)
+        .output();
+    let output = match output {
+        Ok(output) if output.status.success() => output,
+        Ok(output) => {
+            eprintln!(
+                "pgbench failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            return None;
+        }
+        Err(e) => {
+            eprintln!("pgbench cannot run ({e}): its rows are left out");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let field = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+    };
+    let processed = field("number of transactions actually processed:")? as u64;
+    let failed = field("number of failed transactions:").unwrap_or(0.0) as u64;
+    let elapsed = Duration::from_secs_f64(processed as f64 / field("tps =")?);
+    let _ = started;
+    Some(Run {
+        latencies: Vec::new(),
+        errors: failed,
+        elapsed,
+        counted: Some(processed),
+    })
+}
+
+/// A plan body whose content holds `objects` small objects.
+fn sized_body(run: &str, objects: usize) -> String {
+    let items = vec![r#"{"a":1}"#; objects].join(",");
+    format!(
+        r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{"items":[{items}]}}}}"#
+    )
+}
+
+/// New plans of each size in `PLAN_SIZES`, with their CPU per request.
+fn plan_sizes(service: &Service, token: &str, options: &Options) -> Vec<(String, Run, (f64, f64))> {
+    PLAN_SIZES
+        .iter()
+        .map(|&(name, objects)| {
+            let template = sized_body("RUN", objects);
+            let (run, cpu) = new_plans(
+                service,
+                token,
+                &format!("size{objects}"),
+                &move |key: &str| template.replacen("RUN", key, 1),
+                options,
+            );
+            (
+                format!(
+                    "new plans, {name} ({} bytes)",
+                    sized_body("", objects).len()
+                ),
+                run,
+                cpu,
+            )
+        })
+        .collect()
+}
+
+/// New plans through HTTP, keys `{tag}-{client}-{sequence}`, bodies made
+/// by `body`; the run and its CPU ms per request (service, load generator).
+fn new_plans(
+    service: &Service,
+    token: &str,
+    tag: &str,
+    body: &(dyn Fn(&str) -> String + Sync),
+    options: &Options,
+) -> (Run, (f64, f64)) {
+    let mark = (service.cpu_seconds(), cpu_seconds_of("self"));
+    let stop = AtomicBool::new(false);
+    let run = thread::scope(|scope| {
+        let started = Instant::now();
+        let clients: Vec<_> = (0..options.concurrency)
+            .map(|c| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    let agent = http_client(c);
+                    let mut latencies = Vec::new();
+                    let mut errors = 0;
+                    let mut s = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("{tag}-{c}-{s}");
+                        let begun = Instant::now();
+                        if post(&agent, &service.addr, token, &key, &body(&key), &[201]) {
+                            latencies.push(begun.elapsed());
+                        } else {
+                            errors += 1;
+                        }
+                        s += 1;
+                    }
+                    (latencies, errors)
+                })
+            })
+            .collect();
+        thread::sleep(options.duration);
+        stop.store(true, Ordering::Relaxed);
+        let mut run = Run {
+            latencies: Vec::new(),
+            errors: 0,
+            elapsed: Duration::ZERO,
+            counted: None,
+        };
+        for client in clients {
+            let (latencies, errors) = client.join().expect("client");
+            run.latencies.extend(latencies);
+            run.errors += errors;
+        }
+        run.elapsed = started.elapsed();
+        run
+    });
+    let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
+    let cpu = (
+        per(service.cpu_seconds() - mark.0),
+        per(cpu_seconds_of("self") - mark.1),
+    );
+    (run, cpu)
+}
+
+/// Readers asking for the first 100 receipts of the feed, 4 at a time.
+fn feed_pages(service: &Service, orders: &str, options: &Options) -> (Run, (f64, f64)) {
+    let mark = (service.cpu_seconds(), cpu_seconds_of("self"));
+    let (addr, token) = (service.addr.clone(), orders.to_owned());
+    let run = drive(
+        4,
+        options.duration.min(Duration::from_secs(5)),
+        http_client,
+        move |agent, _, _| {
+            agent
+                .get(&format!("http://{addr}/v1/receipts?limit=100"))
+                .set("Authorization", &format!("Bearer {token}"))
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .is_some_and(|body| body.matches("receipt_id").count() == 100)
+        },
+    );
+    let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
+    let cpu = (
+        per(service.cpu_seconds() - mark.0),
+        per(cpu_seconds_of("self") - mark.1),
+    );
+    (run, cpu)
+}
+
+/// Stores `count` plans (and their key rows) by SQL, around the service,
+/// as years of use would leave them, then refreshes the planner's figures.
+fn load_stored_plans(db: &Database, count: u64) {
+    let started = Instant::now();
+    execute(
+        db,
+        &format!(
+            "INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash, content,
+                                approved_inputs, permissions, received_at)
+             SELECT 'rcpt_grown_' || g, 'bench', 'grown-' || g, 'blake3:grown' || g,
+                    'blake3:grown' || g,
+                    '{{\"lines\":[{{\"qty\":3,\"sku\":\"A-1\"}}],\"note\":\"stored\"}}',
+                    '[{{\"id\":\"forecast-v12\"}}]', '[\"plans:submit\"]', now()
+               FROM generate_series(1, {count}) g;
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
+             SELECT maker, run_id, request_hash, id, received_at FROM plans
+              WHERE receipt_id LIKE 'rcpt_grown_%';
+             VACUUM ANALYZE plans;
+             VACUUM ANALYZE intake_keys;"
+        ),
+    );
+    println!(
+        "growth: {count} plans stored by SQL in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 fn add_login(db: &Database, name: &str, permission: Permission) -> String {
@@ -789,14 +1091,19 @@ fn through_pgbouncer(
     .collect()
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1000.0)
+}
+
+/// A figure for the table, `-` where there is none.
+fn cell(value: Option<f64>, decimals: usize) -> String {
+    value.map_or("-".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
 /// Both tables on stdout, and the figures as JSON in `target/bench-intake.json`.
 fn print_report(options: &Options, rows: &[Row], push_rows: &[PushRow]) {
     println!(
-        "\nconcurrency {}, {} s per scenario, {} cores\n",
+        "\nconcurrency {}, {} s per scenario, {} cores, the service logging at `{SERVICE_LOG}`\n",
         options.concurrency,
         options.duration.as_secs(),
         thread::available_parallelism().map_or(0, |n| n.get())
@@ -806,6 +1113,7 @@ fn print_report(options: &Options, rows: &[Row], push_rows: &[PushRow]) {
     let report = json!({
         "concurrency": options.concurrency,
         "duration_seconds": options.duration.as_secs(),
+        "service_log_level": SERVICE_LOG,
         "rows": json_rows,
         "push": json_push,
     });
@@ -821,22 +1129,28 @@ fn print_report(options: &Options, rows: &[Row], push_rows: &[PushRow]) {
 
 fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
     println!(
-        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | service / baseline | CPU ms/request: service, load generator |"
+        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | / naive two-row | / one-statement ceiling | CPU ms/request: service, load generator |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut json_rows = Vec::new();
     for row in rows {
-        println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
-            row.backend,
-            row.scenario,
-            row.run.rate(),
+        let (p50, p99, max) = (
             ms(row.run.percentile(0.5)),
             ms(row.run.percentile(0.99)),
             ms(row.run.percentile(1.0)),
+        );
+        println!(
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.backend,
+            row.scenario,
+            row.run.rate(),
+            cell(p50, 2),
+            cell(p99, 2),
+            cell(max, 2),
             row.run.errors,
-            row.rss_mib.map_or("-".to_owned(), |r| format!("{r:.1}")),
-            row.ratio.map_or("-".to_owned(), |r| format!("{r:.2}")),
+            cell(row.rss_mib, 1),
+            cell(row.ratio, 2),
+            cell(row.of_ceiling, 2),
             row.cpu.map_or("-".to_owned(), |(service, client)| format!(
                 "{service:.3}, {client:.3}"
             )),
@@ -845,12 +1159,13 @@ fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
             "backend": row.backend,
             "scenario": row.scenario,
             "requests_per_second": row.run.rate(),
-            "p50_ms": ms(row.run.percentile(0.5)),
-            "p99_ms": ms(row.run.percentile(0.99)),
-            "max_ms": ms(row.run.percentile(1.0)),
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": max,
             "errors": row.run.errors,
             "service_peak_rss_mib": row.rss_mib,
-            "service_over_baseline": row.ratio,
+            "over_naive_two_row": row.ratio,
+            "over_one_statement_ceiling": row.of_ceiling,
             "service_cpu_ms_per_request": row.cpu.map(|c| c.0),
             "load_generator_cpu_ms_per_request": row.cpu.map(|c| c.1),
         }));
@@ -866,18 +1181,22 @@ fn print_push(push_rows: &[PushRow]) -> Vec<serde_json::Value> {
     println!("|---|---|---:|---:|---:|---:|---:|");
     let mut json_push = Vec::new();
     for (backend, reader, run) in push_rows {
-        println!(
-            "| {backend} | {reader} | {} | {:.2} | {:.2} | {:.2} | {} |",
-            run.latencies.len(),
+        let (p50, p99, max) = (
             ms(run.percentile(0.5)),
             ms(run.percentile(0.99)),
             ms(run.percentile(1.0)),
+        );
+        println!(
+            "| {backend} | {reader} | {} | {} | {} | {} | {} |",
+            run.latencies.len(),
+            cell(p50, 2),
+            cell(p99, 2),
+            cell(max, 2),
             run.errors
         );
         json_push.push(json!({
             "backend": backend, "reader_on": reader, "seen": run.latencies.len(),
-            "p50_ms": ms(run.percentile(0.5)), "p99_ms": ms(run.percentile(0.99)),
-            "max_ms": ms(run.percentile(1.0)), "not_seen": run.errors,
+            "p50_ms": p50, "p99_ms": p99, "max_ms": max, "not_seen": run.errors,
         }));
     }
     json_push
