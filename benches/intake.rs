@@ -892,11 +892,12 @@ fn load_stored_plans(db: &Database, count: u64) {
                FROM generate_series(1, {count}) g;
              INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at)
              SELECT maker, run_id, request_hash, id, received_at FROM plans
-              WHERE receipt_id LIKE 'rcpt_grown_%';
-             VACUUM ANALYZE plans;
-             VACUUM ANALYZE intake_keys;"
+              WHERE receipt_id LIKE 'rcpt_grown_%';"
         ),
     );
+    // Each on its own: VACUUM cannot run inside a transaction block.
+    execute(db, "VACUUM ANALYZE plans");
+    execute(db, "VACUUM ANALYZE intake_keys");
     println!(
         "growth: {count} plans stored by SQL in {:.0} s",
         started.elapsed().as_secs_f64()

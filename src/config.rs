@@ -10,6 +10,13 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_MAX_INFLIGHT_PER_LOGIN: usize = 16;
+pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request waits for room among the bodies in flight before 503.
+pub const BODY_BYTES_PATIENCE: Duration = Duration::from_secs(1);
+/// How long an idle keep-alive connection stays open.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
@@ -17,6 +24,12 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// Every request that touches the database is answered within this.
     pub request_timeout: Duration,
+    /// Submissions one login may have in flight; more is a 429.
+    pub max_inflight_per_login: usize,
+    /// Bytes of request bodies held at once; past it, a short wait, then 503.
+    pub max_body_bytes_in_flight: usize,
+    /// A request's head, and its body, must arrive within this (408).
+    pub client_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -24,6 +37,9 @@ impl Default for HttpConfig {
         Self {
             body_limit: DEFAULT_BODY_LIMIT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_inflight_per_login: DEFAULT_MAX_INFLIGHT_PER_LOGIN,
+            max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+            client_timeout: DEFAULT_CLIENT_TIMEOUT,
         }
     }
 }

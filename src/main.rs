@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use plan_intake::config::{
-    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_DATABASE_URL, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_DATABASE_URL,
+    DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
 };
 use plan_intake::intake::login::{self as logins, LoginError};
@@ -48,7 +49,7 @@ enum LogFormat {
 #[derive(Args, Clone)]
 struct DatabaseArgs {
     /// postgres://…, postgresql://…, sqlite://PATH or a plain SQLite path
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, default_value = DEFAULT_DATABASE_URL, global = true)]
     database_url: String,
     /// What sits between this process and Postgres: none, or a transaction-mode pooler (PgBouncer pool_mode = transaction)
     #[arg(long, env = "PLAN_INTAKE_PG_POOLER", value_enum, default_value_t = PgPooler::None, global = true)]
@@ -97,8 +98,17 @@ enum Command {
         #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = millis(DEFAULT_REQUEST_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
         request_timeout_ms: u64,
         /// Postgres URL for the connection that listens for other instances' writes (to wake waiting feed readers); needed behind a transaction-mode pooler, which cannot carry LISTEN
-        #[arg(long, env = "PLAN_INTAKE_FEED_LISTEN_URL")]
+        #[arg(long, env = "PLAN_INTAKE_FEED_LISTEN_URL", hide_env_values = true)]
         feed_listen_url: Option<String>,
+        /// Submissions one login may have in flight; past it, 429 with Retry-After and nothing written
+        #[arg(long, env = "PLAN_INTAKE_MAX_INFLIGHT_PER_LOGIN", default_value_t = DEFAULT_MAX_INFLIGHT_PER_LOGIN as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        max_inflight_per_login: u32,
+        /// Bytes of request bodies held at once; past it a request waits up to 1 s, then gets 503 with Retry-After
+        #[arg(long, env = "PLAN_INTAKE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, value_parser = parse_bytes_in_flight)]
+        max_body_bytes_in_flight: usize,
+        /// A request's head, and then its body, must arrive within this many ms (408 otherwise)
+        #[arg(long, env = "PLAN_INTAKE_CLIENT_TIMEOUT_MS", default_value_t = millis(DEFAULT_CLIENT_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
+        client_timeout_ms: u64,
         /// HTTP worker threads (default: one per CPU)
         #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
         workers: Option<u16>,
@@ -271,6 +281,14 @@ fn parse_bind(text: &str) -> Result<String, &'static str> {
     }
 }
 
+/// 1 MiB to 4 GiB (one permit a byte).
+fn parse_bytes_in_flight(text: &str) -> Result<usize, &'static str> {
+    match text.parse::<usize>() {
+        Ok(n) if (1024 * 1024..=u32::MAX as usize).contains(&n) => Ok(n),
+        _ => Err("must be a number of bytes from 1048576 to 4294967295"),
+    }
+}
+
 /// 1 byte to 64 MiB.
 fn parse_body_limit(text: &str) -> Result<usize, &'static str> {
     match text.parse::<usize>() {
@@ -296,6 +314,9 @@ fn run(command: Command) -> Result<(), CommandError> {
             request_timeout_ms,
             feed_listen_url,
             workers,
+            max_inflight_per_login,
+            max_body_bytes_in_flight,
+            client_timeout_ms,
         } => Ok(serve::run(ServeConfig {
             bind,
             database_url: db.database_url,
@@ -311,6 +332,9 @@ fn run(command: Command) -> Result<(), CommandError> {
             http: HttpConfig {
                 body_limit,
                 request_timeout: Duration::from_millis(request_timeout_ms),
+                max_inflight_per_login: max_inflight_per_login as usize,
+                max_body_bytes_in_flight,
+                client_timeout: Duration::from_millis(client_timeout_ms),
             },
             retry: RetryPolicy {
                 max_attempts: retry_attempts,

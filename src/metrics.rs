@@ -26,7 +26,7 @@ pub struct Metrics {
 
 /// Every label value each counter can take, so every series exists at 0
 /// from the start and alerts can be written before the first event.
-pub const OUTCOMES: [&str; 10] = [
+pub const OUTCOMES: [&str; 11] = [
     "created",
     "replayed",
     "already_received",
@@ -36,6 +36,7 @@ pub const OUTCOMES: [&str; 10] = [
     "unauthorized",
     "forbidden",
     "unavailable",
+    "throttled",
     "error",
 ];
 /// The routes a deadline applies to.

@@ -48,18 +48,23 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         bind = %config.bind,
         "plan-intake starting"
     );
-    let state = AppState {
-        intake: Intake::new(db, config.retry.clone(), Metrics::new()),
-        http: config.http.clone(),
-    };
+    let state = AppState::new(
+        Intake::new(db, config.retry.clone(), Metrics::new()),
+        config.http.clone(),
+    );
     actix_web::rt::System::new().block_on(async move {
         // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
         // flight finish (up to the shutdown timeout), then `run` returns and
         // the pool is dropped, closing its connections.
         // TCP_NODELAY: a small answer (a receipt, a long-polled feed page)
         // goes out at once instead of waiting for the client's delayed ACK.
+        // A client that sends its head too slowly is answered 408 by actix;
+        // its body's pace is bounded by the handler (`http::plans`).
         let mut server = HttpServer::new(move || http::app(state.clone()))
             .tcp_nodelay(true)
+            .client_request_timeout(config.http.client_timeout)
+            .client_disconnect_timeout(std::time::Duration::from_secs(1))
+            .keep_alive(crate::config::KEEP_ALIVE)
             .shutdown_timeout(config.shutdown_timeout_secs);
         if let Some(workers) = config.workers {
             server = server.workers(workers);

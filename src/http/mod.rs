@@ -3,6 +3,7 @@
 //! translate HTTP to a domain call and back; every database call runs
 //! inside `web::block`.
 
+mod admission;
 mod auth;
 mod deadline;
 pub mod observe;
@@ -21,14 +22,26 @@ use crate::deadline::Deadline;
 use crate::intake::Intake;
 pub use problem::ApiError;
 
-/// What every handler shares. Cloned per worker; holds no request state.
+/// What every handler shares. Cloned per worker; holds no request state
+/// but the admission counts, which every worker shares.
 #[derive(Clone)]
 pub struct AppState {
     pub intake: Intake,
     pub http: HttpConfig,
+    admission: std::sync::Arc<admission::Admission>,
 }
 
 impl AppState {
+    pub fn new(intake: Intake, http: HttpConfig) -> Self {
+        let admission =
+            admission::Admission::new(http.max_inflight_per_login, http.max_body_bytes_in_flight);
+        Self {
+            intake,
+            http,
+            admission,
+        }
+    }
+
     /// Runs blocking database work off the async workers (a pool checkout
     /// that waits pins only a blocking thread) and answers 503 at the
     /// deadline if the work has not. Work still running then goes on until

@@ -7,6 +7,7 @@ use super::observe::{LoggedKey, LoggedMaker};
 use super::problem::{NotYours, Problem, Refusals};
 use super::receipts::readable;
 use super::{ApiError, AppState, auth};
+use crate::config::BODY_BYTES_PATIENCE;
 use crate::deadline::Deadline;
 use crate::intake::body::PlanRequest;
 use crate::intake::{Caller, IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
@@ -30,9 +31,12 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
         (status = 200, description = "Replayed (same key, same request; `Idempotent-Replayed: true`) or already received (new key, same maker, run and content)", body = Receipt,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Missing or malformed Idempotency-Key, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive within the client timeout; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the limit (default 1 MiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Validation failed (`errors` names each field), the key was used for a different request (type …/idempotency-key-reused), or a rule of the table refuses the plan (type …/refused-by-database)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "This login already has its share of submissions in flight: retry after Retry-After with the same key", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         Refusals,
     ))]
 pub async fn submit_plan(
@@ -74,9 +78,30 @@ async fn submit(
     req.extensions_mut()
         .insert(LoggedMaker(caller.login.name.clone()));
     auth::require(&caller.login, Permission::PlansSubmit)?;
+    // Held until this request is answered.
+    let _slot = state
+        .admission
+        .enter(&caller.login.name)
+        .ok_or_else(|| ApiError::Throttled(caller.login.name.clone()))?;
     let key = idempotency_key(req)?;
     require_json(req)?;
-    let bytes = read_body(req, payload, state.http.body_limit).await?;
+    let limit = state.http.body_limit;
+    let declared = declared_length(req);
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    // Room for the body (what it declares, else the most it may be) among
+    // the bodies in flight, held until this request is answered.
+    let room = declared.map_or(limit, |len| usize::try_from(len).unwrap_or(limit));
+    let _room = state
+        .admission
+        .reserve_body(room, BODY_BYTES_PATIENCE.min(deadline.remaining()))
+        .await
+        .ok_or(ApiError::BodiesInFlight)?;
+    let client_timeout = state.http.client_timeout;
+    let bytes = actix_web::rt::time::timeout(client_timeout, read_body(payload, limit))
+        .await
+        .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
     *body_read = true;
     // Parsed off the async workers, in the same blocking task as the write.
     let accepted = state
@@ -164,19 +189,15 @@ fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
     }
 }
 
-async fn read_body(
-    req: &HttpRequest,
-    payload: web::Payload,
-    limit: usize,
-) -> Result<web::Bytes, ApiError> {
-    let declared = req
-        .headers()
+/// The body's length as its `Content-Length` declares it, if it does.
+fn declared_length(req: &HttpRequest) -> Option<u64> {
+    req.headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(ApiError::PayloadTooLarge(limit));
-    }
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+async fn read_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => Err(ApiError::MalformedJson(format!(

@@ -40,6 +40,19 @@ pub enum ApiError {
     /// A rule of the table refuses the plan (a CHECK constraint).
     #[error("the database's rule {} refuses this plan", .0.as_deref().unwrap_or("(unnamed)"))]
     Refused(Option<String>),
+    /// The login has its share of requests in flight: 429, retry later.
+    #[error(
+        "login `{0}` already has its share of requests in flight; retry after the Retry-After delay with the same Idempotency-Key"
+    )]
+    Throttled(String),
+    /// The bodies of other requests fill the memory set aside for them: 503.
+    #[error(
+        "too many request bodies are being handled; retry after the Retry-After delay with the same Idempotency-Key"
+    )]
+    BodiesInFlight,
+    /// The client sent its body too slowly: 408, the connection is closed.
+    #[error("the request body did not arrive within {0} ms")]
+    SlowClient(u128),
     /// The cause is logged; the caller is told to retry with the same key.
     #[error("service unavailable")]
     Unavailable(#[source] Cause),
@@ -86,7 +99,7 @@ pub enum Refusals {
     /// The login lacks the permission this route needs
     #[response(status = 403, content_type = "application/problem+json")]
     Forbidden(Problem),
-    /// Database unavailable, retries exhausted, COMMIT outcome unknown, or the request's deadline passed: retry (with the same key)
+    /// Database unavailable, retries exhausted, COMMIT outcome unknown, the request's deadline passed, or too many request bodies in flight: retry (with the same key)
     #[response(status = 503, content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds to wait")))]
     Unavailable(Problem),
@@ -108,7 +121,10 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::KeyReused => "key_reused",
-            ApiError::Unavailable(_) | ApiError::Timeout(_) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::Timeout(_) | ApiError::BodiesInFlight => {
+                "unavailable"
+            }
+            ApiError::Throttled(_) => "throttled",
             ApiError::Refused(_) => "refused",
             ApiError::Internal(_) => "error",
             ApiError::NotFound
@@ -117,7 +133,8 @@ impl ApiError {
             | ApiError::BadQuery(_)
             | ApiError::Invalid(_)
             | ApiError::PayloadTooLarge(_)
-            | ApiError::UnsupportedMediaType(_) => "invalid",
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::SlowClient(_) => "invalid",
         }
     }
 
@@ -138,6 +155,9 @@ impl ApiError {
                 ("unsupported-media-type", "Unsupported Media Type")
             }
             ApiError::Refused(_) => ("refused-by-database", "Refused by a Database Rule"),
+            ApiError::Throttled(_) => ("throttled", "Too Many Requests"),
+            ApiError::BodiesInFlight => ("busy", "Service Unavailable"),
+            ApiError::SlowClient(_) => ("request-timeout", "Request Timeout"),
             ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
             ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
             ApiError::Internal(_) => ("internal", "Internal Server Error"),
@@ -177,7 +197,11 @@ impl ResponseError for ApiError {
             }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable(_) | ApiError::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Timeout(_) | ApiError::BodiesInFlight => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::SlowClient(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -211,7 +235,10 @@ impl ResponseError for ApiError {
                 response
                     .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
             }
-            ApiError::Unavailable(_) | ApiError::Timeout(_) => {
+            ApiError::Unavailable(_)
+            | ApiError::Timeout(_)
+            | ApiError::BodiesInFlight
+            | ApiError::Throttled(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
             }
             _ => {}

@@ -49,26 +49,100 @@ pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
                 .unwrap_or_else(|| (String::new(), e.to_string()));
             Err(JsonError::NotIJson { path, message })
         }
-        // serde_json refuses a lone surrogate while parsing, with one of these
-        // two messages ("unexpected end of hex escape" arises only after a
-        // leading surrogate); I-JSON is what forbids it, so it is a 422.
-        Err(e)
-            if e.to_string().contains("surrogate")
-                || e.to_string().contains("unexpected end of hex escape") =>
-        {
-            Err(JsonError::NotIJson {
-                path: String::new(),
-                message: e.to_string(),
-            })
+        // serde_json refuses a lone surrogate, and a number too large for a
+        // double, as syntax errors; but both are JSON, and what I-JSON
+        // forbids is their value: a 422. Told apart by what stands in the
+        // body where serde_json stopped, never by the words of its message.
+        Err(e) if e.classify() == serde_json::error::Category::Syntax => {
+            match stopped_at(bytes, e.line(), e.column()) {
+                Some(Stop::Surrogate) => Err(JsonError::NotIJson {
+                    path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
+                    message: "a lone surrogate in a \\u escape".to_owned(),
+                }),
+                Some(Stop::Number) => Err(JsonError::NotIJson {
+                    path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
+                    message: "a number is not exactly representable as an IEEE 754 double"
+                        .to_owned(),
+                }),
+                None => Err(JsonError::Syntax(e.to_string())),
+            }
         }
-        // A number too large for a double: serde_json calls it a syntax
-        // error, but it is JSON; what I-JSON forbids is its value.
-        Err(e) if e.to_string().starts_with("number out of range") => Err(JsonError::NotIJson {
-            path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
-            message: "a number is not exactly representable as an IEEE 754 double".to_owned(),
-        }),
         Err(e) => Err(JsonError::Syntax(e.to_string())),
     }
+}
+
+/// What a syntax error stopped at, where it is I-JSON's concern.
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    /// Just after a `\\uD800`–`\\uDFFF` escape.
+    Surrogate,
+    /// Inside or just after a number.
+    Number,
+}
+
+/// What stands in `bytes` just before serde_json's error position (1-based
+/// `line`, and `column` in bytes): a surrogate escape among the last few
+/// bytes, or a number's last character.
+fn stopped_at(bytes: &[u8], line: usize, column: usize) -> Option<Stop> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(line - 2)
+            .map(|(at, _)| at + 1)?
+    };
+    let end = (line_start + column).min(bytes.len());
+    let window = &bytes[end.saturating_sub(14)..end];
+    let surrogate = window.windows(6).any(|escape| {
+        escape[0] == b'\\'
+            && escape[1] == b'u'
+            && std::str::from_utf8(&escape[2..])
+                .ok()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+                .is_some_and(|unit| (0xD800..=0xDFFF).contains(&unit))
+    });
+    if surrogate {
+        return Some(Stop::Surrogate);
+    }
+    let in_number = |b: &u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
+    let start = bytes[..end]
+        .iter()
+        .rposition(|b| !in_number(b))
+        .map_or(0, |at| at + 1);
+    let token = std::str::from_utf8(&bytes[start..end]).ok()?;
+    is_json_number(token).then_some(Stop::Number)
+}
+
+/// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`: a well-formed number.
+fn is_json_number(token: &str) -> bool {
+    fn digits(text: &str) -> usize {
+        text.bytes().take_while(u8::is_ascii_digit).count()
+    }
+    let rest = token.strip_prefix('-').unwrap_or(token);
+    let whole = digits(rest);
+    if whole == 0 || (whole > 1 && rest.starts_with('0')) {
+        return false;
+    }
+    let mut rest = &rest[whole..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let n = digits(fraction);
+        if n == 0 {
+            return false;
+        }
+        rest = &fraction[n..];
+    }
+    if let Some(exponent) = rest.strip_prefix(['e', 'E']) {
+        let exponent = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+        let n = digits(exponent);
+        if n == 0 {
+            return false;
+        }
+        rest = &exponent[n..];
+    }
+    rest.is_empty()
 }
 
 /// One step of the path from the root to the value being read.
@@ -417,6 +491,46 @@ mod tests {
                 ),
                 "{beyond}"
             );
+        }
+    }
+
+    #[test]
+    fn syntax_errors_near_numbers_and_escapes_stay_syntax_errors() {
+        for text in [
+            &br#"{"a":01}"#[..],
+            br#"{"a":1 "b":2}"#,
+            br#"{"a":1.}"#,
+            br#"{"a":-}"#,
+            br#"{"a":"\u12"}"#,
+            br#"{"a":"\ud8"}"#,
+        ] {
+            assert!(
+                matches!(parse(text), Err(JsonError::Syntax(_))),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+        for text in [
+            &br#"{"a":"\udc00"}"#[..],
+            br#"{"a":"x\ud83d"}"#,
+            b"{\"a\":\n  \"\\uDBFF\\u0041\"}",
+        ] {
+            assert!(
+                matches!(parse(text), Err(JsonError::NotIJson { .. })),
+                "{}: {:?}",
+                String::from_utf8_lossy(text),
+                parse(text)
+            );
+        }
+    }
+
+    #[test]
+    fn well_formed_numbers_are_told_from_others() {
+        for good in ["0", "-0", "1.5", "1e2", "-12.5E-3", "9007199254740993"] {
+            assert!(is_json_number(good), "{good}");
+        }
+        for bad in ["", "-", "01", "1.", ".5", "1e", "1e+", "+1", "1.2.3"] {
+            assert!(!is_json_number(bad), "{bad}");
         }
     }
 

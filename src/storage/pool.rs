@@ -55,23 +55,86 @@ impl DatabaseTarget {
     }
 }
 
-/// A URL with any password replaced, fit for logs and error lines.
+/// What stands in for a password in anything printed.
+const MASK: &str = "***";
+
+/// A URL with every password replaced, fit for logs, error lines and help:
+/// the one in its user info (`user:pass@`, percent-encoded or not) and any
+/// `password` parameter of its query. Parsed by the `url` crate; a URL it
+/// refuses (libpq's multi-host form `h1:5432,h2:5432`) is masked the same
+/// way by its structure: all of the user info after the first `:`.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.has_authority() => {
+            if parsed.password().is_some() {
+                // Only fails for URLs without a host, excluded above.
+                let _ = parsed.set_password(Some(MASK));
+            }
+            let pairs: Vec<(String, String)> = parsed
+                .query_pairs()
+                .map(|(name, value)| (name.into_owned(), value.into_owned()))
+                .collect();
+            if pairs.iter().any(|(name, _)| is_password(name)) {
+                parsed.query_pairs_mut().clear().extend_pairs(
+                    pairs
+                        .iter()
+                        .map(|(name, value)| (name, if is_password(name) { MASK } else { value })),
+                );
+            }
+            parsed.to_string()
+        }
+        _ => redact_by_structure(url),
+    }
+}
+
+fn is_password(name: &str) -> bool {
+    name.eq_ignore_ascii_case("password")
+}
+
+/// [`redact`] for a URL the parser refuses.
+fn redact_by_structure(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((userinfo, hosts)) => {
+                    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+                    let masked = if userinfo.contains(':') {
+                        format!("{user}:{MASK}")
+                    } else {
+                        user.to_owned()
+                    };
+                    format!("{scheme}://{masked}@{hosts}{path}")
+                }
+                None => head.to_owned(),
             }
         }
-        _ => url.to_owned(),
+        None => head.to_owned(),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| {
+                let name = pair.split('=').next().unwrap_or_default();
+                let decoded: String = url::form_urlencoded::parse(name.as_bytes())
+                    .map(|(name, _)| name.into_owned())
+                    .collect();
+                if is_password(&decoded) {
+                    format!("{name}={MASK}")
+                } else {
+                    pair.to_owned()
+                }
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
     }
+    out
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,4 +396,36 @@ pub fn build_pool(manager: Manager, options: &PoolOptions) -> DbPool {
         // and the pool drops the broken connection (`has_broken`).
         .test_on_check_out(false)
         .build_unchecked(manager)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn every_form_of_password_is_masked() {
+        for (url, shown) in [
+            (
+                "postgres://u:s3cret@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
+            (
+                "postgres://u:s3%63ret@h/db?sslmode=require",
+                "postgres://u:***@h/db?sslmode=require",
+            ),
+            (
+                "postgresql://u@h/db?application_name=x&password=s3cret",
+                "postgresql://u@h/db?application_name=x&password=***",
+            ),
+            (
+                "postgres://u:s3cret@h1:5432,h2:5432/db?PassWord=s3cret&target_session_attrs=read-write",
+                "postgres://u:***@h1:5432,h2:5432/db?PassWord=***&target_session_attrs=read-write",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("sqlite://plan-intake.db", "sqlite://plan-intake.db"),
+            ("plan-intake.db", "plan-intake.db"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
 }

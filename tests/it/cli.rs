@@ -186,6 +186,54 @@ crate::on_both_backends_sync!(
 /// stays whole (the missing argument named, the allowed values listed); a
 /// bad address or log filter stops with exit 2, and a bad login name with
 /// exit 1, before anything is opened.
+/// No password reaches a log line, an error line or `--help`, whatever the
+/// URL's form. (The test server trusts local connections, so a password in
+/// the URL is accepted and ignored.)
+#[test]
+fn passwords_never_appear_in_logs_errors_or_help() {
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    const SECRET: &str = "s3cr3t";
+    let (scheme, rest) = db.url.split_once("://").expect("a URL");
+    let (user, after_user) = rest.split_once('@').expect("a user");
+    let working = [
+        format!("{scheme}://{user}:{SECRET}-pw@{after_user}"),
+        format!("{scheme}://{user}:%73{}%2Dpw@{after_user}", &SECRET[1..]),
+        format!("{}&password={SECRET}-pw", db.url),
+    ];
+    let unreachable = [
+        format!("postgres://{user}:{SECRET}-pw@127.0.0.1:1/db"),
+        format!("postgres://{user}:{SECRET}-pw@127.0.0.1:1,127.0.0.1:2/db?connect_timeout=2"),
+        format!("postgres://{user}@127.0.0.1:1/db?password={SECRET}-pw"),
+    ];
+    let mut written = Vec::new();
+    for url in working.iter().chain(&unreachable) {
+        for args in [&["serve", "--help"][..], &["migrate", "status"][..]] {
+            let out = crate::support::process::run_cli_at(url, args);
+            written.push(format!(
+                "{args:?} {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    for url in &unreachable {
+        let out = crate::support::process::run_cli_at(url, &["migrate", "status"]);
+        assert!(!out.status.success(), "{url} was reached");
+    }
+    let server = crate::support::process::ServeProcess::start(&working[0]);
+    let served = server.log.lock().expect("log").join("\n");
+    assert!(served.contains("plan-intake starting"), "{served}");
+    written.push(served);
+    for text in &written {
+        assert!(
+            !text.contains(SECRET) && !text.contains(&SECRET[1..]),
+            "a password was written: {text}"
+        );
+    }
+}
+
 #[test]
 fn the_command_line_explains_itself() {
     let run = |args: &[&str], env: &[(&str, &str)]| {

@@ -242,6 +242,9 @@ impl TestApp {
             intake: Intake::new(service_db, options.retry, Metrics::new()),
             http: HttpConfig {
                 request_timeout: options.request_timeout,
+                // These tests race many requests of one login on purpose;
+                // the share itself is tested against the real binary.
+                max_inflight_per_login: 1000,
                 ..HttpConfig::default()
             },
             direct,
@@ -266,10 +269,7 @@ impl TestApp {
         intake: Intake,
     ) -> impl Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
     {
-        let state = AppState {
-            intake,
-            http: self.http.clone(),
-        };
+        let state = AppState::new(intake, self.http.clone());
         test::init_service(http::app(state)).await
     }
 

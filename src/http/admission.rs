@@ -1,0 +1,84 @@
+//! Who may start a request now: each login's share of the requests in
+//! flight (429 past it), and the bytes of request bodies held at once (a
+//! short wait, then 503 past it). Both are answered before a body is read,
+//! so neither a flooding planner nor a crowd of large bodies can take the
+//! pool, the memory or the workers from everyone else.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The limits and what is in flight against them; one per service, shared
+/// by every worker.
+pub struct Admission {
+    per_login: Mutex<HashMap<String, usize>>,
+    max_per_login: usize,
+    body_bytes: Arc<Semaphore>,
+    max_body_bytes: usize,
+}
+
+/// One request of a login, in flight until dropped.
+pub struct LoginSlot {
+    admission: Arc<Admission>,
+    login: String,
+}
+
+/// Bytes of one request's body, held until dropped.
+pub struct BodyBytes(#[allow(dead_code)] OwnedSemaphorePermit); // ok: held, never read
+
+impl Admission {
+    pub fn new(max_per_login: usize, max_body_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            per_login: Mutex::default(),
+            max_per_login,
+            body_bytes: Arc::new(Semaphore::new(max_body_bytes.min(Semaphore::MAX_PERMITS))),
+            max_body_bytes,
+        })
+    }
+
+    fn counts(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.per_login
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A slot for one more request of `login`, or `None` when it already
+    /// has its share in flight.
+    pub fn enter(self: &Arc<Self>, login: &str) -> Option<LoginSlot> {
+        let mut counts = self.counts();
+        let count = counts.entry(login.to_owned()).or_insert(0);
+        if *count >= self.max_per_login {
+            return None;
+        }
+        *count += 1;
+        Some(LoginSlot {
+            admission: Arc::clone(self),
+            login: login.to_owned(),
+        })
+    }
+
+    /// Room for a body of `bytes`, waiting at most `patience` for other
+    /// bodies to be done with; `None` when there is none by then.
+    pub async fn reserve_body(&self, bytes: usize, patience: Duration) -> Option<BodyBytes> {
+        let wanted = u32::try_from(bytes.clamp(1, self.max_body_bytes)).unwrap_or(u32::MAX);
+        let acquire = Arc::clone(&self.body_bytes).acquire_many_owned(wanted);
+        match actix_web::rt::time::timeout(patience, acquire).await {
+            Ok(Ok(permit)) => Some(BodyBytes(permit)),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for LoginSlot {
+    fn drop(&mut self) {
+        let mut counts = self.admission.counts();
+        if let Some(count) = counts.get_mut(&self.login) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.login);
+            }
+        }
+    }
+}
