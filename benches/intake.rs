@@ -566,10 +566,10 @@ fn bench_backend(
     } else {
         (None, None)
     };
-    let (diesel_baseline, write_only) = without_http(&db, options, &token);
+    let (diesel_baseline, write_only) = without_http(&db, options, &token, "first");
     let without_triggers = postgres.then(|| {
         execute(&db, "ALTER TABLE plans DISABLE TRIGGER ALL");
-        let run = without_http(&db, options, &token).1;
+        let run = without_http(&db, options, &token, "untriggered").1;
         execute(&db, "ALTER TABLE plans ENABLE TRIGGER ALL");
         run
     });
@@ -931,8 +931,9 @@ fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
 /// The baseline (the same two-row transaction, straight through diesel)
 /// and the database's own ceiling for the service's write (the call the
 /// service makes, `Database::write_plan`), both without HTTP.
-fn without_http(db: &Database, options: &Options, token: &str) -> (Run, Run) {
+fn without_http(db: &Database, options: &Options, token: &str, tag: &str) -> (Run, Run) {
     let token_hash = plan_intake::intake::login::token_hash(token);
+    let (base_tag, ceil_tag) = (format!("{tag}-base"), format!("{tag}-ceil"));
     let baseline_db = db.clone();
     let baseline = drive(
         options.concurrency,
@@ -942,7 +943,7 @@ fn without_http(db: &Database, options: &Options, token: &str) -> (Run, Run) {
             let Ok(mut conn) = baseline_db.conn() else {
                 return false;
             };
-            let plan = bench_plan("base", client, sequence);
+            let plan = bench_plan(&base_tag, client, sequence);
             hand_rolled_insert(&mut conn, &plan, &plan.run_id).is_ok()
         },
     );
@@ -955,7 +956,7 @@ fn without_http(db: &Database, options: &Options, token: &str) -> (Run, Run) {
             let Ok(mut conn) = ceiling_db.conn() else {
                 return false;
             };
-            let plan = bench_plan("ceil", client, sequence);
+            let plan = bench_plan(&ceil_tag, client, sequence);
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             matches!(
                 ceiling_db.write_plan(&mut conn, &plan, &plan.run_id, &token_hash, &deadline),

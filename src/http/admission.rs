@@ -17,7 +17,25 @@ pub struct Admission {
     max_per_login: usize,
     body_bytes: Arc<Semaphore>,
     max_body_bytes: usize,
+    /// Large bodies parsed at once: see [`large_parses_at_once`].
+    large_parses: Arc<Semaphore>,
 }
+
+/// One per CPU but one, at least one: parsing is CPU-bound, so more at once
+/// gains nothing, while each holds its parsed tree (about 100 times its
+/// body's size for a body of tiny objects) in memory; and one CPU stays
+/// free for the async workers, so `/healthz` and small requests are
+/// answered meanwhile.
+pub fn large_parses_at_once() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+}
+
+/// Bodies up to this size are parsed without waiting for a turn: their
+/// trees are small.
+pub const LARGE_BODY: usize = 64 * 1024;
+
+/// A turn to parse and write one large body, held until dropped.
+pub struct LargeParse(#[allow(dead_code)] OwnedSemaphorePermit); // ok: held, never read
 
 /// One request of a login, in flight until dropped.
 pub struct LoginSlot {
@@ -35,7 +53,25 @@ impl Admission {
             max_per_login,
             body_bytes: Arc::new(Semaphore::new(max_body_bytes.min(Semaphore::MAX_PERMITS))),
             max_body_bytes,
+            large_parses: Arc::new(Semaphore::new(large_parses_at_once())),
         })
+    }
+
+    /// A turn to parse a body of `bytes` (none needed for a small one),
+    /// waiting at most `patience`; `Err` when no turn came in time.
+    pub async fn parse_turn(
+        &self,
+        bytes: usize,
+        patience: Duration,
+    ) -> Result<Option<LargeParse>, ()> {
+        if bytes <= LARGE_BODY {
+            return Ok(None);
+        }
+        let acquire = Arc::clone(&self.large_parses).acquire_owned();
+        match actix_web::rt::time::timeout(patience, acquire).await {
+            Ok(Ok(permit)) => Ok(Some(LargeParse(permit))),
+            _ => Err(()),
+        }
     }
 
     fn counts(&self) -> MutexGuard<'_, HashMap<String, usize>> {

@@ -93,7 +93,7 @@ async fn submit(
     // Room for the body (what it declares, else the most it may be) among
     // the bodies in flight, held until this request is answered.
     let room = declared.map_or(limit, |len| usize::try_from(len).unwrap_or(limit));
-    let _room = state
+    let room = state
         .admission
         .reserve_body(room, BODY_BYTES_PATIENCE.min(deadline.remaining()))
         .await
@@ -103,9 +103,19 @@ async fn submit(
         .await
         .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
     *body_read = true;
+    // A large body waits for its turn, so that few parsed trees are held
+    // at once; past the deadline, 503.
+    let turn = state
+        .admission
+        .parse_turn(bytes.len(), deadline.remaining())
+        .await
+        .map_err(|()| ApiError::Timeout("no turn to parse a large body in time".into()))?;
     // Parsed off the async workers, in the same blocking task as the write.
+    // The body's room and the parse turn go with the work: a request
+    // answered 503 at its deadline holds them until its work is done.
     let accepted = state
         .blocking(deadline, move |intake| -> Result<_, ApiError> {
+            let (_room, _turn) = (room, turn);
             let submission = body::parse(&bytes)?;
             Ok(intake.submit(&caller, &key, &submission, &deadline)?)
         })

@@ -231,6 +231,48 @@ proptest! {
         }
     }
 
+    /// Exponents anywhere up to ±2^63 and past it: zero stays zero, any
+    /// other value beyond a double's range is refused, and nothing panics
+    /// (the arithmetic is checked in every build).
+    #[test]
+    fn extreme_exponents_keep_zero_and_refuse_the_rest(
+        negative in any::<bool>(),
+        int in "[0-9]{1,5}",
+        frac in proptest::option::of("[0-9]{1,5}"),
+        exp in prop_oneof![
+            any::<i64>().prop_map(|e| e.to_string()),
+            Just(i64::MIN.to_string()),
+            Just(format!("+{}", i64::MAX)),
+            "[+-]?[0-9]{19,40}",
+        ],
+    ) {
+        let mut literal = String::new();
+        if negative { literal.push('-'); }
+        literal.push_str(&int);
+        if let Some(frac) = &frac { literal.push('.'); literal.push_str(frac); }
+        literal.push('e');
+        literal.push_str(&exp);
+        let zero = int.bytes().chain(frac.iter().flat_map(|f| f.bytes())).all(|b| b == b'0');
+        let magnitude_at_least_400 = exp
+            .trim_start_matches(['+', '-'])
+            .parse::<u128>()
+            .map_or(true, |e| e >= 400);
+        // A leading zero before other digits is not JSON: only `0` itself.
+        prop_assume!(int == "0" || !int.starts_with('0'));
+        let body = format!(r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{{"n":{literal}}}}}"#);
+        let parsed = body::parse(body.as_bytes());
+        if zero {
+            let submission = parsed.map_err(|e| TestCaseError::fail(format!("{literal}: {e:?}")))?;
+            let parts = hashing::canonicalize(&submission).expect("canonical");
+            prop_assert_eq!(parts.content, r#"{"n":0}"#);
+        } else if magnitude_at_least_400 {
+            prop_assert!(
+                matches!(&parsed, Err(BodyError::Invalid(errors)) if errors[0].field == "content.n"),
+                "{} was not refused: {:?}", literal, parsed
+            );
+        }
+    }
+
     /// Two bodies that differ only in one number are never the same plan.
     #[test]
     fn bodies_differing_in_a_number_never_hash_alike(a in "[0-9]{1,20}(\\.[0-9]{1,20})?", b in "[0-9]{1,20}(\\.[0-9]{1,20})?") {

@@ -93,6 +93,32 @@ impl ServeProcess {
         self.child.wait().expect("wait for plan-intake")
     }
 
+    /// CPU seconds the service has used so far (user + system), from
+    /// `/proc/PID/stat` (in clock ticks of 1/100 s).
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("the service's /proc stat");
+        // After `(comm)`, which may hold spaces: utime and stime are fields 14 and 15.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        [11, 12]
+            .iter()
+            .map(|i| fields[*i].parse::<f64>().expect("ticks"))
+            .sum::<f64>()
+            / 100.0
+    }
+
+    /// The service's peak resident set so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the service's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
     /// SIGKILL: no shutdown, no flush, transactions cut wherever they are.
     pub fn kill_9(mut self) {
         self.child.kill().expect("kill -9");
