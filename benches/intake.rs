@@ -566,13 +566,8 @@ fn bench_backend(
     } else {
         (None, None)
     };
-    let (diesel_baseline, write_only) = without_http(&db, options, &token, "first");
-    let without_triggers = postgres.then(|| {
-        execute(&db, "ALTER TABLE plans DISABLE TRIGGER ALL");
-        let run = without_http(&db, options, &token, "untriggered").1;
-        execute(&db, "ALTER TABLE plans ENABLE TRIGGER ALL");
-        run
-    });
+    let (diesel_baseline, written) = without_http(&db, options, &token, "first");
+    let push = postgres.then(|| push_on_and_off(url, &db, options, &token));
     let base_rate = naive.as_ref().unwrap_or(&diesel_baseline).rate();
     let ceiling_rate = one_statement.as_ref().map(|run| run.rate());
     if let Some(naive) = naive {
@@ -592,11 +587,21 @@ fn bench_backend(
         None,
         None,
     );
-    table.add("the service's write, no HTTP", write_only, None, None);
-    if let Some(run) = without_triggers {
+    table.add("the service's write, no HTTP", written, None, None);
+    if let Some((on, off)) = push {
+        println!(
+            "push: the write with the push on runs at {:.3} x the write with it off and every trigger on plans disabled",
+            on.rate() / off.rate()
+        );
         table.add(
-            "the service's write, no HTTP, every trigger on plans disabled",
-            run,
+            "the service's write, no HTTP, push to other instances on",
+            on,
+            None,
+            None,
+        );
+        table.add(
+            "the service's write, no HTTP, push off, every trigger on plans disabled",
+            off,
             None,
             None,
         );
@@ -932,8 +937,7 @@ fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
 /// and the database's own ceiling for the service's write (the call the
 /// service makes, `Database::write_plan`), both without HTTP.
 fn without_http(db: &Database, options: &Options, token: &str, tag: &str) -> (Run, Run) {
-    let token_hash = plan_intake::intake::login::token_hash(token);
-    let (base_tag, ceil_tag) = (format!("{tag}-base"), format!("{tag}-ceil"));
+    let base_tag = format!("{tag}-base");
     let baseline_db = db.clone();
     let baseline = drive(
         options.concurrency,
@@ -947,24 +951,77 @@ fn without_http(db: &Database, options: &Options, token: &str, tag: &str) -> (Ru
             hand_rolled_insert(&mut conn, &plan, &plan.run_id).is_ok()
         },
     );
-    let ceiling_db = db.clone();
-    let ceiling = drive(
+    (
+        baseline,
+        write_only(db, options.duration, options, token, &format!("{tag}-ceil")),
+    )
+}
+
+/// `Database::write_plan` (the call the service makes) for `duration`,
+/// without HTTP; plans tagged `tag`.
+fn write_only(db: &Database, duration: Duration, options: &Options, token: &str, tag: &str) -> Run {
+    let token_hash = plan_intake::intake::login::token_hash(token);
+    let (tag, ceiling_db) = (tag.to_owned(), db.clone());
+    drive(
         options.concurrency,
-        options.duration,
+        duration,
         |_| (),
         move |_, client, sequence| {
             let Ok(mut conn) = ceiling_db.conn() else {
                 return false;
             };
-            let plan = bench_plan(&ceil_tag, client, sequence);
+            let plan = bench_plan(&tag, client, sequence);
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             matches!(
                 ceiling_db.write_plan(&mut conn, &plan, &plan.run_id, &token_hash, &deadline),
                 Ok(plan_intake::storage::plans::Written::Created(_))
             )
         },
-    );
-    (baseline, ceiling)
+    )
+}
+
+/// Postgres: the write with the push to other instances on (this process
+/// notifying as a service instance does) against the same write with the
+/// push off and every trigger on `plans` disabled, alternated in four
+/// rounds so that drift favours neither; each is the rounds together.
+fn push_on_and_off(url: &str, db: &Database, options: &Options, token: &str) -> (Run, Run) {
+    let pushing = Database::open(
+        url,
+        &PoolOptions {
+            max_size: options.concurrency as u32,
+            feed_listener: true,
+            ..PoolOptions::default()
+        },
+        MigrateOnOpen::Skip,
+    )
+    .expect("open the pushing instance's database");
+    let round = options.duration / 4;
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for r in 0..4 {
+        on.push(write_only(
+            &pushing,
+            round,
+            options,
+            token,
+            &format!("push-on-{r}"),
+        ));
+        execute(db, "ALTER TABLE plans DISABLE TRIGGER ALL");
+        off.push(write_only(
+            db,
+            round,
+            options,
+            token,
+            &format!("push-off-{r}"),
+        ));
+        execute(db, "ALTER TABLE plans ENABLE TRIGGER ALL");
+    }
+    let together = |runs: Vec<Run>| Run {
+        errors: runs.iter().map(|r| r.errors).sum(),
+        elapsed: runs.iter().map(|r| r.elapsed).sum(),
+        latencies: runs.into_iter().flat_map(|r| r.latencies).collect(),
+        counted: None,
+    };
+    (together(on), together(off))
 }
 
 /// The HTTP scenarios against one service, each with its CPU cost per
