@@ -135,6 +135,14 @@ enum Command {
         #[command(flatten)]
         db: DatabaseArgs,
     },
+    /// Idempotency-key retention (run as the owner, or a role with the --pruner grant)
+    #[command(arg_required_else_help = true)]
+    Keys {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[command(subcommand)]
+        action: KeysAction,
+    },
     /// Manage logins (the only way to create one)
     #[command(arg_required_else_help = true)]
     Logins {
@@ -165,7 +173,30 @@ enum MigrateAction {
         yes: bool,
     },
     /// Print the GRANT statements that let ROLE run the service and nothing more (Postgres)
-    Grants { role: String },
+    Grants {
+        role: String,
+        /// Print only the one extra grant a role needs to run `keys prune`
+        #[arg(long)]
+        pruner: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysAction {
+    /// Delete idempotency keys older than DURATION in small batches; plans,
+    /// receipts and the feed stay. A retry under a pruned key is
+    /// already_received; another body under it is a new plan.
+    Prune {
+        /// e.g. 30d, 72h: keys created longer ago than this are deleted
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Keys deleted per transaction
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+        /// Only count what would be deleted
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -347,6 +378,7 @@ fn run(command: Command) -> Result<(), CommandError> {
         })?),
         Command::Migrate { db, action } => Ok(migrate(&db, action)?),
         Command::Logins { db, action } => Ok(manage_logins(&db, action)?),
+        Command::Keys { db, action } => Ok(manage_keys(&db, action)?),
         Command::Verify { db } => match verify::run(&db.database_url)? {
             0 => Ok(()),
             failed => Err(CommandError::ChecksFailed(failed)),
@@ -432,11 +464,34 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
             let name = migrations::revert_last(conn)?;
             eprintln!("reverted {name}");
         }
-        MigrateAction::Grants { role } => {
+        MigrateAction::Grants { role, pruner: true } => {
+            println!("{}", migrations::pruner_grant_for(conn, &role)?);
+        }
+        MigrateAction::Grants {
+            role,
+            pruner: false,
+        } => {
             for statement in migrations::grants_for(conn, &role)? {
                 println!("{statement}");
             }
         }
+    }
+    Ok(())
+}
+
+fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), StorageError> {
+    let KeysAction::Prune {
+        older_than,
+        batch_size,
+        dry_run,
+    } = action;
+    let mut conn = open_single(db, MigrateOnOpen::RequireNonePending)?;
+    let pruned =
+        plan_intake::intake::retention::prune_keys(&mut conn, older_than, batch_size, dry_run)?;
+    if pruned.dry_run {
+        eprintln!("would delete {} idempotency keys", pruned.keys);
+    } else {
+        eprintln!("deleted {} idempotency keys", pruned.keys);
     }
     Ok(())
 }

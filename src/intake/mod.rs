@@ -13,6 +13,7 @@ pub mod login;
 mod properties;
 pub mod read;
 pub mod receipt;
+pub mod retention;
 pub mod retry;
 pub mod submit;
 

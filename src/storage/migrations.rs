@@ -385,9 +385,7 @@ fn version_of(name: &str) -> String {
 /// `feed_bases` (a new cluster's feed base), call the functions. Postgres only; names are quoted by the server.
 pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageError> {
     let DbConn::Postgres(pg) = conn else {
-        return Err(StorageError::Config(
-            "SQLite has no roles: the file's permissions decide who may use it".to_owned(),
-        ));
+        return Err(no_roles());
     };
     #[derive(diesel::QueryableByName)]
     struct Statement {
@@ -421,6 +419,31 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
         ));
     }
     Ok(statements)
+}
+
+fn no_roles() -> StorageError {
+    StorageError::Config(
+        "SQLite has no roles: the file's permissions decide who may use it".to_owned(),
+    )
+}
+
+/// The one grant a role holding the service's grants ([`grants_for`]) needs
+/// besides to run `plan-intake keys prune`: deleting key rows.
+pub fn pruner_grant_for(conn: &mut DbConn, role: &str) -> Result<String, StorageError> {
+    let DbConn::Postgres(pg) = conn else {
+        return Err(no_roles());
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Statement {
+        #[diesel(sql_type = Text)]
+        sql: String,
+    }
+    Ok(diesel::sql_query(
+        "SELECT format('GRANT DELETE ON TABLE %I.intake_keys TO %I;', current_schema(), $1) AS sql",
+    )
+    .bind::<Text, _>(role)
+    .get_result::<Statement>(pg)?
+    .sql)
 }
 
 #[cfg(test)]

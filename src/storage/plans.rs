@@ -392,6 +392,44 @@ pub fn keys_not_matching_their_plans(conn: &mut DbConn) -> QueryResult<i64> {
         .get_result(c))
 }
 
+/// Deletes up to `batch` key rows created before `before`, oldest first, in
+/// one short transaction of its own (SQLite: `BEGIN IMMEDIATE`); returns
+/// how many. Plans are never touched.
+pub fn prune_keys_batch(
+    conn: &mut DbConn,
+    before: NaiveDateTime,
+    batch: i64,
+) -> QueryResult<usize> {
+    use diesel::sql_types::{BigInt, Timestamp};
+    // One statement, its oldest rows first (the primary key's order is
+    // creation order); diesel's DSL cannot delete through a limited subquery.
+    const PRUNE: &str = "DELETE FROM intake_keys WHERE id IN
+                           (SELECT id FROM intake_keys WHERE created_at < {before}
+                             ORDER BY id LIMIT {batch})";
+    match conn {
+        DbConn::Postgres(pg) => {
+            diesel::sql_query(PRUNE.replace("{before}", "$1").replace("{batch}", "$2"))
+                .bind::<Timestamp, _>(before)
+                .bind::<BigInt, _>(batch)
+                .execute(pg)
+        }
+        DbConn::Sqlite(lite) => lite.immediate_transaction(|c| {
+            diesel::sql_query(PRUNE.replace("{before}", "?").replace("{batch}", "?"))
+                .bind::<Timestamp, _>(before)
+                .bind::<BigInt, _>(batch)
+                .execute(c)
+        }),
+    }
+}
+
+/// How many key rows were created before `before`.
+pub fn count_keys_before(conn: &mut DbConn, before: NaiveDateTime) -> QueryResult<i64> {
+    with_conn!(conn, c => intake_keys::table
+        .filter(intake_keys::created_at.lt(before))
+        .count()
+        .get_result(c))
+}
+
 pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<PlanRow>> {
     with_conn!(conn, c => plans::table
         .filter(plans::receipt_id.eq(receipt_id))

@@ -17,5 +17,6 @@ mod operations;
 mod pooler;
 mod privilege;
 mod processes;
+mod retention;
 mod schema;
 mod support;

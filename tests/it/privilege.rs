@@ -157,3 +157,55 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
     );
     drop(service);
 }
+
+/// `keys prune` runs as a role holding the service's grants and the one
+/// `migrate grants ROLE --pruner` prints; without it, the delete is refused.
+#[test]
+fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
+    let role = Role(format!("pi_pruner_{:08x}", rand::random::<u32>()));
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    drop(db.open());
+    let mut admin = PgConnection::establish(&postgres_base_url()).expect("connect");
+    admin
+        .batch_execute(&format!("CREATE ROLE {0} LOGIN", role.0))
+        .expect("create the role");
+    let service_grants = run_cli(&db, &["migrate", "grants", &role.0]);
+    admin
+        .batch_execute(&stdout(&service_grants))
+        .expect("the service's grants apply");
+    let as_role = db.url.replacen("postgres@", &format!("{}@", role.0), 1);
+    let token = stdout(&run_cli(
+        &db,
+        &["logins", "add", "planner-a", "--permission", "plans:submit"],
+    ));
+    let service = ServeProcess::start_with(&as_role, &["--no-migrate"]);
+    let (status, _) = post_plan(
+        &client(),
+        &service.addr,
+        &token,
+        "k1",
+        &plan_body("run-1", "x"),
+    )
+    .expect("answer");
+    assert_eq!(status, 201);
+
+    let refused = run_cli_at(&as_role, &["keys", "prune", "--older-than", "0s"]);
+    assert!(!refused.status.success(), "pruned without the grant");
+    assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+
+    let grant = run_cli(&db, &["migrate", "grants", &role.0, "--pruner"]);
+    let grant = stdout(&grant);
+    assert_eq!(grant.lines().count(), 1, "{grant}");
+    assert!(
+        grant.contains("DELETE") && grant.contains("intake_keys"),
+        "{grant}"
+    );
+    admin
+        .batch_execute(&grant)
+        .expect("the pruner grant applies");
+    let pruned = run_cli_at(&as_role, &["keys", "prune", "--older-than", "0s"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert_eq!(stderr(&pruned), "deleted 1 idempotency keys");
+}

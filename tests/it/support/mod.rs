@@ -252,6 +252,11 @@ impl TestApp {
         }
     }
 
+    /// The scratch database this app runs on (for the command line).
+    pub fn db_ref(&self) -> &TestDb {
+        &self._scratch
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.intake.metrics
     }

@@ -1,0 +1,48 @@
+//! Key retention, for DBAs: idempotency keys older than a retention period
+//! are deleted in small batches. Plans, receipts and the feed never change.
+//! A request retried under a pruned key is `already_received` (by maker,
+//! run and content); another body under it is a new plan.
+
+use std::time::Duration;
+
+use crate::storage::plans;
+use crate::storage::{DbConn, StorageError};
+
+/// What a prune did, or would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub keys: u64,
+    pub dry_run: bool,
+}
+
+/// Deletes the keys created more than `older_than` ago, `batch` at a time,
+/// each batch its own short transaction, so no lock is held between
+/// batches and the service's writes go on meanwhile. With `dry_run`, only
+/// counts them.
+pub fn prune_keys(
+    conn: &mut DbConn,
+    older_than: Duration,
+    batch: u32,
+    dry_run: bool,
+) -> Result<Pruned, StorageError> {
+    let age = chrono::TimeDelta::from_std(older_than)
+        .map_err(|_| StorageError::Config("--older-than is too long".to_owned()))?;
+    let before = super::submit::now_micros()
+        .checked_sub_signed(age)
+        .ok_or_else(|| StorageError::Config("--older-than is too long".to_owned()))?;
+    if dry_run {
+        let keys = plans::count_keys_before(conn, before)?;
+        return Ok(Pruned {
+            keys: u64::try_from(keys).unwrap_or(0),
+            dry_run,
+        });
+    }
+    let mut keys = 0u64;
+    loop {
+        let deleted = plans::prune_keys_batch(conn, before, i64::from(batch))?;
+        keys += deleted as u64;
+        if deleted < batch as usize {
+            return Ok(Pruned { keys, dry_run });
+        }
+    }
+}
