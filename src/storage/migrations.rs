@@ -380,6 +380,13 @@ fn version_of(name: &str) -> String {
         .collect()
 }
 
+/// One SQL statement, as a query made it.
+#[derive(diesel::QueryableByName)]
+struct Statement {
+    #[diesel(sql_type = Text)]
+    sql: String,
+}
+
 /// The `GRANT` statements that let `role` run the service and nothing more:
 /// read the schema's objects, add rows to `plans`, `intake_keys` and
 /// `feed_bases` (a new cluster's feed base), call the functions. Postgres only; names are quoted by the server.
@@ -387,11 +394,6 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
     let DbConn::Postgres(pg) = conn else {
         return Err(no_roles());
     };
-    #[derive(diesel::QueryableByName)]
-    struct Statement {
-        #[diesel(sql_type = Text)]
-        sql: String,
-    }
     let statements: Vec<Statement> = diesel::sql_query(
         "WITH s AS (SELECT current_schema() AS name)
          SELECT format('GRANT USAGE ON SCHEMA %I TO %I;', s.name, $1) AS sql FROM s
@@ -433,11 +435,6 @@ pub fn pruner_grant_for(conn: &mut DbConn, role: &str) -> Result<String, Storage
     let DbConn::Postgres(pg) = conn else {
         return Err(no_roles());
     };
-    #[derive(diesel::QueryableByName)]
-    struct Statement {
-        #[diesel(sql_type = Text)]
-        sql: String,
-    }
     Ok(diesel::sql_query(
         "SELECT format('GRANT DELETE ON TABLE %I.intake_keys TO %I;', current_schema(), $1) AS sql",
     )
