@@ -716,7 +716,6 @@ const ONE_STATEMENT: &str = r#"WITH p AS (INSERT INTO plans (receipt_id, maker, 
 fn pgbench(url: &str, script: &str, options: &Options) -> Option<Run> {
     let file = tempfile::NamedTempFile::new().ok()?;
     std::fs::write(file.path(), script).ok()?;
-    let started = Instant::now();
     let output = Command::new("pgbench")
         .args([
             "-n",
@@ -754,7 +753,6 @@ fn pgbench(url: &str, script: &str, options: &Options) -> Option<Run> {
     let processed = field("number of transactions actually processed:")? as u64;
     let failed = field("number of failed transactions:").unwrap_or(0.0) as u64;
     let elapsed = Duration::from_secs_f64(processed as f64 / field("tps =")?);
-    let _ = started;
     Some(Run {
         latencies: Vec::new(),
         errors: failed,

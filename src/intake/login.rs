@@ -177,10 +177,18 @@ pub(crate) fn find(
     deadline: &Deadline,
     token: &str,
 ) -> Result<(Option<Login>, PooledConn), LoginError> {
-    let hash = token_hash(token);
+    find_by_hash(db, deadline, &token_hash(token))
+}
+
+/// [`find`] for a token already hashed.
+pub(crate) fn find_by_hash(
+    db: &Database,
+    deadline: &Deadline,
+    hash: &str,
+) -> Result<(Option<Login>, PooledConn), LoginError> {
     let now = super::submit::now_micros();
     let (row, conn) = db.read_on(deadline, |conn| {
-        repo::find_active_by_token_hash(conn, &hash, now)
+        repo::find_active_by_token_hash(conn, hash, now)
     })?;
     let login = row.map(login_of).transpose()?;
     Ok((login, conn))

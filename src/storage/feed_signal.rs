@@ -120,7 +120,7 @@ impl FeedSignal {
 }
 
 fn notify_until_dropped(outbox: &Weak<Outbox>, url: &str) {
-    let mut conn: Option<PgConnection> = None;
+    let mut conn: Option<Notifier> = None;
     loop {
         let Some(held) = outbox.upgrade() else {
             return;
@@ -149,20 +149,32 @@ fn notify_until_dropped(outbox: &Weak<Outbox>, url: &str) {
     }
 }
 
+/// The notifier's connection, with its `NOTIFY` transaction: the channel
+/// is asked of the server once per connection, not once per notification.
+struct Notifier {
+    conn: PgConnection,
+    statement: String,
+}
+
 /// One `NOTIFY`, in a transaction of its own that does not wait for its
-/// commit to be flushed (it writes no data), on `conn` or a new connection.
-fn notify(conn: &mut Option<PgConnection>, url: &str) -> Result<(), StorageError> {
+/// commit to be flushed (it writes no data), on `notifier`'s connection or
+/// a new one.
+fn notify(notifier: &mut Option<Notifier>, url: &str) -> Result<(), StorageError> {
     use diesel::connection::SimpleConnection;
-    let connected = match conn.take() {
+    let connected = match notifier.take() {
         Some(connected) => connected,
-        None => PgConnection::establish(url)
-            .map_err(|e| StorageError::unavailable("the feed notifier cannot connect", e))?,
+        None => {
+            let mut conn = PgConnection::establish(url)
+                .map_err(|e| StorageError::unavailable("the feed notifier cannot connect", e))?;
+            let statement = format!(
+                "BEGIN; SET LOCAL synchronous_commit = off; NOTIFY \"{}\"; COMMIT",
+                channel(&mut conn)?
+            );
+            Notifier { conn, statement }
+        }
     };
-    let connected = conn.insert(connected);
-    let channel = channel(connected)?;
-    connected.batch_execute(&format!(
-        "BEGIN; SET LOCAL synchronous_commit = off; NOTIFY \"{channel}\"; COMMIT"
-    ))?;
+    let connected = notifier.insert(connected);
+    connected.conn.batch_execute(&connected.statement)?;
     Ok(())
 }
 
