@@ -1,6 +1,8 @@
 //! plan-intake: takes plans from planner services and keeps each one exactly
-//! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`.
+//! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`;
+//! `client` is the callers' side of the HTTP API (`submit`, `follow`).
 
+pub mod client;
 pub mod config;
 pub mod deadline;
 pub mod http;

@@ -1,11 +1,16 @@
-//! The command line: `serve`, `migrate`, `logins`. Informational output goes
-//! to stderr; an error is one line and a non-zero exit.
+//! The command line: `serve`, `migrate`, `verify`, `keys`, `logins` for the
+//! service and its DBA; `submit` and `follow` for its callers. Informational
+//! output goes to stderr; an error is one line and a non-zero exit.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use plan_intake::client::{self, Client, FollowError, FollowOptions, SubmitError, SubmitOptions};
 use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_DATABASE_URL,
     DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN, DEFAULT_REQUEST_TIMEOUT,
@@ -143,6 +148,53 @@ enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// Submit a plan, retrying under one Idempotency-Key until the service keeps it; prints the receipt
+    #[command(after_help = SUBMIT_EXITS)]
+    Submit {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// The request `{run_id, approved_inputs, content}`; `-` or absent: stdin
+        file: Option<PathBuf>,
+        /// The Idempotency-Key (default: derived from the request, so the same request is a replay)
+        #[arg(long, value_parser = parse_key)]
+        key: Option<String>,
+        /// Cap of the first retry's random delay, in ms; doubles per retry up to 5 s
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        retry_base_ms: u64,
+        /// Attempts in all, the first included
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max_attempts: u32,
+        /// Seconds for the whole call, every attempt and wait included
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        timeout_secs: u64,
+    },
+    /// Follow the feed: every receipt at least once, in order, the cursor saved after each page
+    #[command(after_help = FOLLOW_EXITS)]
+    Follow {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// Where the cursor is kept; when it does not exist, start at the feed's current end
+        #[arg(long)]
+        cursor_file: PathBuf,
+        /// When the cursor file does not exist, start at the feed's first receipt instead
+        #[arg(long)]
+        from_start: bool,
+        /// Each entry is {receipt, approved_inputs, content} (expand=plan)
+        #[arg(long)]
+        expand: bool,
+        /// Receipts per page
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// Seconds one request waits for a receipt (default 30; 0 with --drain)
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60))]
+        wait_secs: Option<u64>,
+        /// Run `sh -c CMD` once per non-empty page, its receipts as JSON lines on CMD's stdin; the cursor advances only when CMD exits 0
+        #[arg(long, value_name = "CMD")]
+        exec: Option<String>,
+        /// Exit 0 at the first empty page (for batch jobs)
+        #[arg(long)]
+        drain: bool,
+    },
     /// Manage logins (the only way to create one)
     #[command(arg_required_else_help = true)]
     Logins {
@@ -152,6 +204,26 @@ enum Command {
         action: LoginsAction,
     },
 }
+
+/// Where the service is and who is calling. The token is never an argument
+/// (arguments are visible to every user of the machine).
+#[derive(Args, Clone)]
+struct ServiceArgs {
+    /// The service's root URL (http:// or https://)
+    #[arg(long, env = "PLAN_INTAKE_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// A file holding the token; default: the environment variable PLAN_INTAKE_TOKEN
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+}
+
+const SUBMIT_EXITS: &str = "Exit status: 0 created, replayed or already_received (the receipt on stdout); \
+65 refused (400, 413, 415, 422: fix the request); 77 not allowed (401, 403); \
+75 attempts or time ran out (safe to run again: same request, same key); 2 a bad command line; 1 otherwise.";
+
+const FOLLOW_EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
+Exit status: 0 stopped or drained; 65 a cursor the service refuses; 77 not allowed (401, 403); \
+74 the cursor file or the output cannot be written; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
 
 #[derive(Subcommand)]
 enum MigrateAction {
@@ -245,7 +317,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("plan-intake: error: {}", plan_intake::report::chain(&e));
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -263,6 +335,24 @@ enum CommandError {
     Verify(#[from] VerifyError),
     #[error("{0} verify check(s) failed")]
     ChecksFailed(usize),
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    #[error(transparent)]
+    Follow(#[from] FollowError),
+    /// A command line that parsed but cannot run: exit 2, like clap's own.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CommandError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Submit(e) => e.exit_code(),
+            Self::Follow(e) => e.exit_code(),
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -310,6 +400,12 @@ fn parse_bind(text: &str) -> Result<String, &'static str> {
     } else {
         Err("must be HOST:PORT, e.g. 127.0.0.1:8080")
     }
+}
+
+/// An Idempotency-Key the service accepts, checked before anything is sent.
+fn parse_key(text: &str) -> Result<String, String> {
+    plan_intake::intake::idempotency_key::IdempotencyKey::parse(text)
+        .map(|key| key.as_str().to_owned())
 }
 
 /// 1 MiB to 4 GiB (one permit a byte).
@@ -376,6 +472,59 @@ fn run(command: Command) -> Result<(), CommandError> {
             shutdown_timeout_secs,
             workers: workers.map(usize::from),
         })?),
+        Command::Submit {
+            service,
+            file,
+            key,
+            retry_base_ms,
+            max_attempts,
+            timeout_secs,
+        } => {
+            let client = connect(&service)?;
+            let body = read_request(file.as_deref())?;
+            let key = key.unwrap_or_else(|| client::derive_key(&body));
+            eprintln!("idempotency-key: {key}");
+            let submitted = client.submit(
+                &body,
+                &SubmitOptions {
+                    key: Some(key),
+                    max_attempts,
+                    retry_base: Duration::from_millis(retry_base_ms),
+                    timeout: Duration::from_secs(timeout_secs),
+                },
+            )?;
+            println!("{}", submitted.receipt);
+            Ok(())
+        }
+        Command::Follow {
+            service,
+            cursor_file,
+            from_start,
+            expand,
+            limit,
+            wait_secs,
+            exec,
+            drain,
+        } => {
+            let client = connect(&service)?;
+            let default_wait = if drain { 0 } else { 30 };
+            let options = FollowOptions {
+                from_start,
+                expand,
+                limit,
+                wait: Duration::from_secs(wait_secs.unwrap_or(default_wait)),
+                exec,
+                drain,
+                ..FollowOptions::new(cursor_file)
+            };
+            let stop = stop_on_signals()?;
+            let followed = client::follow(&client, &options, &stop, &mut std::io::stdout().lock())?;
+            eprintln!(
+                "stopped after {} receipt(s) in {} page(s); the cursor is saved",
+                followed.receipts, followed.pages
+            );
+            Ok(())
+        }
         Command::Migrate { db, action } => Ok(migrate(&db, action)?),
         Command::Logins { db, action } => Ok(manage_logins(&db, action)?),
         Command::Keys { db, action } => Ok(manage_keys(&db, action)?),
@@ -388,6 +537,50 @@ fn run(command: Command) -> Result<(), CommandError> {
             Ok(())
         }
     }
+}
+
+/// The client for `--url` with the token from `--token-file` or the environment.
+fn connect(service: &ServiceArgs) -> Result<Client, CommandError> {
+    let token = match &service.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| CommandError::Usage(format!("--token-file {}: {e}", path.display())))?,
+        None => std::env::var("PLAN_INTAKE_TOKEN").map_err(|_| {
+            CommandError::Usage(
+                "no token: set PLAN_INTAKE_TOKEN or pass --token-file PATH".to_owned(),
+            )
+        })?,
+    };
+    Client::new(&service.url, &token).map_err(|e| CommandError::Usage(e.to_string()))
+}
+
+/// The request body from FILE, or from stdin for `-` or no FILE.
+fn read_request(file: Option<&std::path::Path>) -> Result<Vec<u8>, CommandError> {
+    let mut body = Vec::new();
+    match file {
+        Some(path) if path.as_os_str() != "-" => {
+            body = std::fs::read(path)
+                .map_err(|e| CommandError::Usage(format!("{}: {e}", path.display())))?;
+        }
+        _ => {
+            std::io::stdin()
+                .read_to_end(&mut body)
+                .map_err(|e| CommandError::Usage(format!("reading the request from stdin: {e}")))?;
+        }
+    }
+    Ok(body)
+}
+
+/// A flag set by the first SIGTERM or SIGINT; a second one exits at once.
+fn stop_on_signals() -> Result<Arc<AtomicBool>, CommandError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGTERM, SIGINT] {
+        // Registered first, so it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+            .map_err(|e| CommandError::Usage(format!("cannot handle signals: {e}")))?;
+    }
+    Ok(stop)
 }
 
 fn open_single(

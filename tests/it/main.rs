@@ -20,3 +20,4 @@ mod processes;
 mod retention;
 mod schema;
 mod support;
+mod tools;

@@ -39,8 +39,13 @@ impl ServeProcess {
     }
 
     pub fn start_with(database_url: &str, extra_args: &[&str]) -> Self {
+        Self::start_on(database_url, "127.0.0.1:0", extra_args)
+    }
+
+    /// Listening on `bind`, e.g. the same port again after a restart.
+    pub fn start_on(database_url: &str, bind: &str, extra_args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--bind", "127.0.0.1:0"])
+            .args(["serve", "--bind", bind])
             .args(extra_args)
             .env("DATABASE_URL", database_url)
             .env("PLAN_INTAKE_LOG", "plan_intake=info")
@@ -131,6 +136,14 @@ impl Drop for ServeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A local port nothing listens on right now (the OS's pick, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// A keep-alive HTTP/1.1 client.

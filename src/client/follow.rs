@@ -1,0 +1,402 @@
+//! Following the feed: every receipt at least once, in feed order. The
+//! cursor is saved (written, fsynced, renamed, directory fsynced) only after
+//! its page was handed on, so a crash repeats at most the one page in hand
+//! and never skips one.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+
+use super::{Backoff, Client, Exchange};
+
+/// What to follow and where to hand it. The defaults are the CLI's.
+#[derive(Debug, Clone)]
+pub struct FollowOptions {
+    /// Where the cursor lives between pages and runs.
+    pub cursor_file: PathBuf,
+    /// With no cursor file: start at the feed's first receipt, not its end.
+    pub from_start: bool,
+    /// Each entry is `{receipt, approved_inputs, content}` instead of the receipt.
+    pub expand: bool,
+    /// Receipts per page, 1–1000.
+    pub limit: u32,
+    /// How long one request waits for a receipt to join the feed.
+    pub wait: Duration,
+    /// Run `sh -c CMD` once per non-empty page, the page's entries as JSON
+    /// lines on its stdin; `None`: write them to the output.
+    pub exec: Option<String>,
+    /// Stop at the first empty page instead of waiting for more.
+    pub drain: bool,
+    /// Cap of the first retry's random delay (unreachable service, failing
+    /// CMD); doubles per retry up to 5 s.
+    pub retry_base: Duration,
+}
+
+impl FollowOptions {
+    pub fn new(cursor_file: impl Into<PathBuf>) -> Self {
+        Self {
+            cursor_file: cursor_file.into(),
+            from_start: false,
+            expand: false,
+            limit: 100,
+            wait: Duration::from_secs(30),
+            exec: None,
+            drain: false,
+            retry_base: Duration::from_millis(100),
+        }
+    }
+}
+
+/// How far a run got before it stopped cleanly (drained, or asked to stop).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Followed {
+    pub pages: u64,
+    pub receipts: u64,
+}
+
+/// Why following cannot go on. [`FollowError::exit_code`] is the CLI's exit.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("cursor file {}: {source}", path.display())]
+    CursorFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The cursor file holds nothing, or the service refuses its cursor.
+    #[error("bad cursor: {0}")]
+    BadCursor(String),
+    /// 401 or 403: the token is wrong, revoked, or lacks `receipts:read`.
+    #[error("not allowed: {0}")]
+    Denied(String),
+    #[error("unexpected answer: {0}")]
+    Unexpected(String),
+    /// The output is gone (a closed pipe): the page was not handed on.
+    #[error("cannot write the page: {0}")]
+    Output(#[source] io::Error),
+    #[error("cannot run `sh -c {command}`: {source}")]
+    Exec {
+        command: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FollowError {
+    /// sysexits: 65 data error, 77 no permission, 74 I/O error, 71 OS error, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::BadCursor(_) => 65,
+            Self::Denied(_) => 77,
+            Self::CursorFile { .. } | Self::Output(_) => 74,
+            Self::Exec { .. } => 71,
+            Self::Unexpected(_) => 1,
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Page {
+    receipts: Vec<Box<RawValue>>,
+    next: String,
+}
+
+/// Follows the feed from the cursor in `options.cursor_file` until `stop`
+/// is set (the page in hand is finished and its cursor saved first) or, with
+/// `drain`, until a page comes back empty. An unreachable or restarting
+/// service is waited out; only answers that will not change end it.
+pub fn follow(
+    client: &Client,
+    options: &FollowOptions,
+    stop: &AtomicBool,
+    out: &mut dyn Write,
+) -> Result<Followed, FollowError> {
+    let mut run = Run {
+        client,
+        options,
+        stop,
+        backoff: Backoff {
+            base: options.retry_base,
+            cap: super::submit::MAX_RETRY_DELAY,
+        },
+    };
+    let mut done = Followed::default();
+    let Some(mut cursor) = run.starting_cursor()? else {
+        return Ok(done);
+    };
+    loop {
+        let Some(page) = run.fetch(cursor.as_deref(), options.wait)? else {
+            return Ok(done);
+        };
+        if page.receipts.is_empty() {
+            if cursor.as_deref() != Some(page.next.as_str()) {
+                save_cursor(&options.cursor_file, &page.next)?;
+                cursor = Some(page.next);
+            }
+            if options.drain || stop.load(Ordering::SeqCst) {
+                return Ok(done);
+            }
+            continue;
+        }
+        if !run.hand_on(&page.receipts, out)? {
+            return Ok(done);
+        }
+        save_cursor(&options.cursor_file, &page.next)?;
+        done.pages += 1;
+        done.receipts += page.receipts.len() as u64;
+        cursor = Some(page.next);
+        if stop.load(Ordering::SeqCst) {
+            return Ok(done);
+        }
+    }
+}
+
+struct Run<'a> {
+    client: &'a Client,
+    options: &'a FollowOptions,
+    stop: &'a AtomicBool,
+    backoff: Backoff,
+}
+
+impl Run<'_> {
+    /// The saved cursor; with none, the feed's start (`--from-start`: no
+    /// cursor) or its current end, saved at once so that a crash before the
+    /// first page cannot move the start past receipts written meanwhile.
+    /// `None`: asked to stop before a start was known.
+    fn starting_cursor(&mut self) -> Result<Option<Option<String>>, FollowError> {
+        let path = &self.options.cursor_file;
+        match std::fs::read_to_string(path) {
+            Ok(text) if text.trim().is_empty() => Err(FollowError::BadCursor(format!(
+                "cursor file {} is empty; remove it to start at the feed's end",
+                path.display()
+            ))),
+            Ok(text) => Ok(Some(Some(text.trim().to_owned()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if self.options.from_start {
+                    return Ok(Some(None));
+                }
+                let Some(end) = self.fetch(Some(crate::intake::feed::NOW), Duration::ZERO)? else {
+                    return Ok(None);
+                };
+                save_cursor(path, &end.next)?;
+                Ok(Some(Some(end.next)))
+            }
+            Err(source) => Err(FollowError::CursorFile {
+                path: path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// One page past `after`, retried (with backoff) until the service
+    /// answers it. `None`: asked to stop meanwhile.
+    fn fetch(&mut self, after: Option<&str>, wait: Duration) -> Result<Option<Page>, FollowError> {
+        let mut query = format!(
+            "/v1/receipts?limit={}&wait={}",
+            self.options.limit,
+            wait.as_secs()
+        );
+        if let Some(after) = after {
+            query.push_str("&after=");
+            query.extend(url::form_urlencoded::byte_serialize(after.as_bytes()));
+        }
+        if self.options.expand {
+            query.push_str("&expand=plan");
+        }
+        let mut failures = 0u32;
+        loop {
+            let Some(exchange) = self.get_unless_stopped(&query, wait) else {
+                return Ok(None);
+            };
+            let (why, retry_after) = match exchange {
+                Exchange::NoAnswer(why) => (format!("no answer: {why}"), None),
+                Exchange::Answer(answer) => match answer.status {
+                    200 => {
+                        return serde_json::from_str::<Page>(&answer.body)
+                            .map(Some)
+                            .map_err(|e| {
+                                FollowError::Unexpected(format!(
+                                    "a page that is not a feed page: {e}"
+                                ))
+                            });
+                    }
+                    400 => return Err(FollowError::BadCursor(answer.summary())),
+                    401 | 403 => return Err(FollowError::Denied(answer.summary())),
+                    408 | 429 | 500..=599 => (answer.summary(), answer.retry_after),
+                    _ => return Err(FollowError::Unexpected(answer.summary())),
+                },
+            };
+            failures += 1;
+            let delay = self.backoff.delay(failures, retry_after);
+            tracing::warn!(
+                failures,
+                "reading the feed: {why}; retrying in {} ms",
+                delay.as_millis()
+            );
+            if pause_unless_stopped(self.stop, delay) {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The GET runs on a thread of its own so that a stop request is obeyed
+    /// at once even in the middle of a long poll: no page is in hand then.
+    fn get_unless_stopped(&self, query: &str, wait: Duration) -> Option<Exchange> {
+        let (sender, answer) = mpsc::channel();
+        let request = self
+            .client
+            .agent
+            .get(&self.client.url(query))
+            // The long poll, plus time for the page itself.
+            .timeout(wait + Duration::from_secs(30))
+            .set("Authorization", &self.client.authorization);
+        std::thread::spawn(move || {
+            let _ = sender.send(Exchange::from_ureq(request.call()));
+        });
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            match answer.recv_timeout(STOP_POLL) {
+                Ok(exchange) => return Some(exchange),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Some(Exchange::NoAnswer("the request thread ended".to_owned()));
+                }
+            }
+        }
+    }
+
+    /// Hands one page on: to the output, flushed, or to `CMD` until it exits
+    /// 0. `false`: asked to stop before `CMD` took it (the page stays unsaved
+    /// and comes again on the next run).
+    fn hand_on(
+        &mut self,
+        entries: &[Box<RawValue>],
+        out: &mut dyn Write,
+    ) -> Result<bool, FollowError> {
+        let mut lines = Vec::with_capacity(entries.iter().map(|e| e.get().len() + 1).sum());
+        for entry in entries {
+            lines.extend_from_slice(entry.get().as_bytes());
+            lines.push(b'\n');
+        }
+        let Some(command) = &self.options.exec else {
+            out.write_all(&lines)
+                .and_then(|()| out.flush())
+                .map_err(FollowError::Output)?;
+            return Ok(true);
+        };
+        let mut failures = 0u32;
+        loop {
+            let why = match run_command(command, &lines) {
+                Ok(status) if status.success() => return Ok(true),
+                Ok(status) => format!("`{command}` {status}"),
+                Err(source) => {
+                    return Err(FollowError::Exec {
+                        command: command.clone(),
+                        source,
+                    });
+                }
+            };
+            failures += 1;
+            let delay = self.backoff.delay(failures, None);
+            tracing::warn!(
+                failures,
+                receipts = entries.len(),
+                "{why}; the page is handed to it again in {} ms",
+                delay.as_millis()
+            );
+            if pause_unless_stopped(self.stop, delay) {
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// How often a wait looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// Sleeps `delay`; `true` (early) when asked to stop.
+fn pause_unless_stopped(stop: &AtomicBool, delay: Duration) -> bool {
+    let until = std::time::Instant::now() + delay;
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return true;
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(STOP_POLL));
+    }
+}
+
+/// `sh -c CMD` with `lines` on its stdin. It runs in a process group of its
+/// own, so a Ctrl-C meant for the follower does not cut the page short: the
+/// follower finishes the page and then stops.
+fn run_command(command: &str, lines: &[u8]) -> io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::piped())
+        .process_group(0)
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A CMD that exits without reading everything is judged by its exit
+        // status, not by the broken pipe.
+        let _ = stdin.write_all(lines);
+    }
+    child.wait()
+}
+
+/// Replaces the cursor file so that a crash at any moment leaves either the
+/// old cursor or the new one, never a torn one: temp file, fsync, rename,
+/// fsync of the directory (which makes the rename itself durable).
+fn save_cursor(path: &Path, cursor: &str) -> Result<(), FollowError> {
+    let failed = |source| FollowError::CursorFile {
+        path: path.to_owned(),
+        source,
+    };
+    let directory = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut temporary_name = path.file_name().unwrap_or_default().to_owned();
+    temporary_name.push(".tmp");
+    let temporary = directory.join(temporary_name);
+    let mut file = File::create(&temporary).map_err(failed)?;
+    file.write_all(format!("{cursor}\n").as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(failed)?;
+    drop(file);
+    std::fs::rename(&temporary, path).map_err(failed)?;
+    File::open(directory)
+        .and_then(|dir| dir.sync_all())
+        .map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_cursor_replaces_the_old_one_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("orders.cursor");
+        save_cursor(&path, "c-1").expect("save");
+        save_cursor(&path, "c-2").expect("save again");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "c-2\n");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("orders.cursor")]);
+    }
+}

@@ -1,0 +1,174 @@
+//! A client of the service, for its two kinds of callers: planners submit
+//! plans ([`Client::submit`]), retrying the way the guarantee needs (one
+//! `Idempotency-Key` for every attempt, full-jitter backoff, `Retry-After`
+//! honoured, a 422 never retried); the ordering system follows the feed
+//! ([`follow`]). Both are blocking (ureq): an async caller runs them on its
+//! blocking pool, e.g. `tokio::task::spawn_blocking`.
+//!
+//! It talks to the service only through its HTTP API, as any other client
+//! would; nothing here reaches into the service's rooms.
+//!
+//! ```no_run
+//! use plan_intake::client::{Client, SubmitOptions};
+//!
+//! let token = std::env::var("PLAN_INTAKE_TOKEN")?;
+//! let client = Client::new("http://127.0.0.1:8080", &token)?;
+//! let body = br#"{"run_id":"run-2026-12-01-a",
+//!                 "approved_inputs":[{"id":"forecast-v12","digest":"blake3:9f2c"}],
+//!                 "content":{"lines":[{"sku":"A-1","qty":3}]}}"#;
+//! // The key is derived from the body: the same plan sent again, by this
+//! // process or after a restart, is a replay, never a second plan.
+//! let submitted = client.submit(body, &SubmitOptions::default())?;
+//! println!("{} {}", submitted.outcome, submitted.receipt);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod follow;
+mod submit;
+
+use std::io::Read;
+use std::time::Duration;
+
+pub use follow::{FollowError, FollowOptions, Followed, follow};
+pub use submit::{Outcome, SubmitError, SubmitOptions, Submitted, derive_key};
+
+/// The service's address and the caller's token, over one keep-alive agent.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    authorization: String,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Client").field("base", &self.base).finish()
+    }
+}
+
+/// A client that cannot be made: a URL the client cannot talk to, or no token.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("--url `{0}` is not an http:// or https:// URL")]
+    BadUrl(String),
+    #[error("the token is empty")]
+    EmptyToken,
+}
+
+impl Client {
+    /// `base_url` is the service's root, e.g. `http://127.0.0.1:8080`.
+    pub fn new(base_url: &str, token: &str) -> Result<Self, ClientError> {
+        let parsed = url::Url::parse(base_url).map_err(|_| ClientError::BadUrl(base_url.into()))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            return Err(ClientError::BadUrl(base_url.into()));
+        }
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(ClientError::EmptyToken);
+        }
+        Ok(Self {
+            base: base_url.trim_end_matches('/').to_owned(),
+            authorization: format!("Bearer {token}"),
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(5))
+                .build(),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// What one HTTP exchange gave: an answer of any status, or none at all.
+#[derive(Debug)]
+enum Exchange {
+    Answer(Answer),
+    /// No answer: refused or dropped connection, timeout, DNS.
+    NoAnswer(String),
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    retry_after: Option<Duration>,
+    body: String,
+}
+
+impl Exchange {
+    fn from_ureq(result: Result<ureq::Response, ureq::Error>) -> Self {
+        let response = match result {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+            Err(ureq::Error::Transport(transport)) => return Self::NoAnswer(transport.to_string()),
+        };
+        let status = response.status();
+        // Seconds only: the service sends no HTTP dates.
+        let retry_after = response
+            .header("Retry-After")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        // The whole body, however large an expanded feed page is (ureq's
+        // `into_string` stops at 10 MB).
+        let mut body = String::new();
+        match response.into_reader().read_to_string(&mut body) {
+            Ok(_) => Self::Answer(Answer {
+                status,
+                retry_after,
+                body,
+            }),
+            Err(e) => Self::NoAnswer(format!("the answer ({status}) was cut short: {e}")),
+        }
+    }
+}
+
+impl Answer {
+    /// A problem+json's `detail` and `errors`, else the start of the body.
+    fn summary(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct Problem {
+            title: Option<String>,
+            detail: Option<String>,
+            #[serde(default)]
+            errors: Vec<FieldError>,
+        }
+        #[derive(serde::Deserialize)]
+        struct FieldError {
+            field: String,
+            message: String,
+        }
+        let Ok(problem) = serde_json::from_str::<Problem>(&self.body) else {
+            let start: String = self.body.chars().take(200).collect();
+            return format!("{} {}", self.status, start.trim());
+        };
+        let mut text = format!(
+            "{} {}",
+            self.status,
+            problem.detail.or(problem.title).unwrap_or_default()
+        );
+        for error in problem.errors {
+            text.push_str(&format!("; {}: {}", error.field, error.message));
+        }
+        text
+    }
+}
+
+/// Full-jitter exponential backoff: uniform in `[0, min(cap, base · 2^(n-1))]`
+/// before retry `n`, and never less than the service's `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    base: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        let policy = crate::intake::RetryPolicy {
+            max_attempts: u32::MAX,
+            base_delay: self.base,
+            max_delay: self.cap,
+        };
+        let jittered = policy.delay(retry, &mut rand::rng());
+        retry_after.map_or(jittered, |after| after.max(jittered))
+    }
+}

@@ -1,0 +1,261 @@
+//! Submitting one plan: every attempt under one key, so whatever happened
+//! to an earlier attempt (lost answer, killed service, timeout mid-COMMIT),
+//! the service answers the same receipt and keeps one plan.
+
+use std::time::{Duration, Instant};
+
+use super::{Answer, Backoff, Client, Exchange};
+
+/// How hard to try. The defaults are the CLI's.
+#[derive(Debug, Clone)]
+pub struct SubmitOptions {
+    /// The `Idempotency-Key`; `None`: derived from the body ([`derive_key`]).
+    pub key: Option<String>,
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// Cap of the first retry's random delay; doubles per retry up to 5 s.
+    pub retry_base: Duration,
+    /// The whole call, every attempt and wait included.
+    pub timeout: Duration,
+}
+
+impl Default for SubmitOptions {
+    fn default() -> Self {
+        Self {
+            key: None,
+            max_attempts: 8,
+            retry_base: Duration::from_millis(100),
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// No retry waits longer than this (unless the service's `Retry-After` asks).
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// How the service took the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Stored now (201).
+    Created,
+    /// This key's request was stored before; the same receipt (200).
+    Replayed,
+    /// The same plan was stored before under another key (200).
+    AlreadyReceived,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Created => "created",
+            Self::Replayed => "replayed",
+            Self::AlreadyReceived => "already_received",
+        })
+    }
+}
+
+/// The service kept the plan.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub outcome: Outcome,
+    /// The receipt JSON as the service sent it, `outcome` included, on one line.
+    pub receipt: String,
+    pub receipt_id: String,
+    /// The key every attempt carried.
+    pub key: String,
+    /// Attempts made, this one included.
+    pub attempts: u32,
+}
+
+/// Why no receipt came back. [`SubmitError::exit_code`] is the CLI's exit.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// 400, 413, 415 or 422: this body will never be taken; fix it, do not retry.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// 401 or 403: the token is wrong, revoked, or lacks `plans:submit`.
+    #[error("not allowed: {0}")]
+    Denied(String),
+    /// Attempts or time ran out on answers worth retrying.
+    #[error("gave up after {attempts} attempt(s) in {:.1} s; last answer: {last}", elapsed.as_secs_f64())]
+    GaveUp {
+        attempts: u32,
+        elapsed: Duration,
+        last: String,
+    },
+    /// Any other answer (another 4xx, a success without a receipt).
+    #[error("unexpected answer: {0}")]
+    Unexpected(String),
+}
+
+impl SubmitError {
+    /// sysexits: 65 data error, 77 no permission, 75 try again later, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Refused(_) => 65,
+            Self::Denied(_) => 77,
+            Self::GaveUp { .. } => 75,
+            Self::Unexpected(_) => 1,
+        }
+    }
+}
+
+/// The key the CLI uses when none is given: the same request always gets
+/// the same key, however its JSON is spaced or its keys ordered (blake3 of
+/// its RFC 8785 form; of the bytes themselves when it is not JSON, which
+/// the service then refuses anyway).
+pub fn derive_key(body: &[u8]) -> String {
+    let canonical = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|value| serde_json_canonicalizer::to_vec(&value).ok());
+    let hash = blake3::hash(canonical.as_deref().unwrap_or(body));
+    format!("submit-{}", hash.to_hex())
+}
+
+/// What to do with one attempt's answer.
+enum Verdict {
+    Done(Submitted),
+    Stop(SubmitError),
+    /// Worth no further attempt, though not the body's fault.
+    GiveUp(String),
+    Retry {
+        why: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Client {
+    /// POSTs `body` (`{run_id, approved_inputs, content}`) to `/v1/plans`
+    /// until the service answers with a receipt or a final refusal.
+    ///
+    /// Retried, with the same key: no answer (refused, dropped or timed-out
+    /// connection), 408, 429, 502, 503 and 504; a 500 once. Never retried:
+    /// every other 4xx. Retries wait with full jitter, at least `Retry-After`.
+    pub fn submit(&self, body: &[u8], options: &SubmitOptions) -> Result<Submitted, SubmitError> {
+        let key = options.key.clone().unwrap_or_else(|| derive_key(body));
+        let backoff = Backoff {
+            base: options.retry_base,
+            cap: MAX_RETRY_DELAY,
+        };
+        let started = Instant::now();
+        let deadline = started + options.timeout;
+        let mut server_errors = 0u32;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let exchange = Exchange::from_ureq(
+                self.agent
+                    .post(&self.url("/v1/plans"))
+                    .timeout(left)
+                    .set("Authorization", &self.authorization)
+                    .set("Idempotency-Key", &key)
+                    .set("Content-Type", "application/json")
+                    .send_bytes(body),
+            );
+            let gave_up = |last: String| SubmitError::GaveUp {
+                attempts: attempt,
+                elapsed: started.elapsed(),
+                last,
+            };
+            let (why, retry_after) = match judge(exchange, &key, attempt, &mut server_errors) {
+                Verdict::Done(submitted) => return Ok(submitted),
+                Verdict::Stop(error) => return Err(error),
+                Verdict::GiveUp(last) => return Err(gave_up(last)),
+                Verdict::Retry { why, retry_after } => (why, retry_after),
+            };
+            let wait = backoff.delay(attempt, retry_after);
+            if attempt >= options.max_attempts {
+                return Err(gave_up(why));
+            }
+            if Instant::now() + wait >= deadline {
+                return Err(gave_up(format!("{why} (no time left to wait {wait:?})")));
+            }
+            tracing::warn!(
+                attempt,
+                key = %key,
+                "{why}; retrying in {} ms with the same key",
+                wait.as_millis()
+            );
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -> Verdict {
+    let answer = match exchange {
+        Exchange::Answer(answer) => answer,
+        Exchange::NoAnswer(why) => {
+            return Verdict::Retry {
+                why: format!("no answer: {why}"),
+                retry_after: None,
+            };
+        }
+    };
+    match answer.status {
+        200 | 201 => match receipt_of(&answer, key, attempt) {
+            Some(submitted) => Verdict::Done(submitted),
+            None => Verdict::Stop(SubmitError::Unexpected(answer.summary())),
+        },
+        400 | 413 | 415 | 422 => Verdict::Stop(SubmitError::Refused(answer.summary())),
+        401 | 403 => Verdict::Stop(SubmitError::Denied(answer.summary())),
+        408 | 429 | 502 | 503 | 504 => Verdict::Retry {
+            why: answer.summary(),
+            retry_after: answer.retry_after,
+        },
+        // A 500 is a fault of the service, not of the moment: once more,
+        // in case it was the moment after all.
+        500..=599 if *server_errors == 0 => {
+            *server_errors += 1;
+            Verdict::Retry {
+                why: answer.summary(),
+                retry_after: answer.retry_after,
+            }
+        }
+        500..=599 => Verdict::GiveUp(answer.summary()),
+        _ => Verdict::Stop(SubmitError::Unexpected(answer.summary())),
+    }
+}
+
+fn receipt_of(answer: &Answer, key: &str, attempt: u32) -> Option<Submitted> {
+    #[derive(serde::Deserialize)]
+    struct Fields {
+        receipt_id: String,
+        outcome: Outcome,
+    }
+    let fields: Fields = serde_json::from_str(&answer.body).ok()?;
+    // The service answers compact JSON; a proxy that pretty-printed it
+    // still yields one line.
+    let receipt = if answer.body.contains('\n') {
+        serde_json::from_str::<serde_json::Value>(&answer.body)
+            .ok()?
+            .to_string()
+    } else {
+        answer.body.trim().to_owned()
+    };
+    Some(Submitted {
+        outcome: fields.outcome,
+        receipt,
+        receipt_id: fields.receipt_id,
+        key: key.to_owned(),
+        attempts: attempt,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_request_gets_the_same_key_however_it_is_spaced() {
+        let a = derive_key(br#"{"run_id":"r","approved_inputs":[],"content":{"a":1,"b":2}}"#);
+        let b = derive_key(
+            b"{ \"content\": {\"b\": 2, \"a\": 1},\n \"approved_inputs\": [], \"run_id\": \"r\" }",
+        );
+        let other = derive_key(br#"{"run_id":"r","approved_inputs":[],"content":{"a":1,"b":3}}"#);
+        assert_eq!(a, b);
+        assert_ne!(a, other);
+        assert!(a.len() <= 255 && a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+    }
+}
