@@ -8,6 +8,7 @@ mod cli;
 mod crash;
 mod dba;
 mod deadline;
+mod failover;
 mod faults;
 mod feed;
 mod group_commit;

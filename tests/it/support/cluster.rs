@@ -1,5 +1,6 @@
 //! A Postgres cluster of a test's own (`pg_createcluster`), for what must
-//! not touch the shared server: crashing it, restoring a dump into it.
+//! not touch the shared server: crashing it, restoring a dump into it,
+//! replicating it to a standby (`pg_basebackup -R`) and failing over.
 //! Trust auth on 127.0.0.1; stopped and dropped when the value is dropped.
 
 use std::process::Command;
@@ -42,6 +43,76 @@ impl TempCluster {
     }
 
     fn try_create() -> Result<Self, String> {
+        let cluster = Self::try_make()?;
+        cluster.ctl(&["start"])?;
+        Ok(cluster)
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`), running.
+    pub fn standby_of(primary: &TempCluster) -> Self {
+        let standby = Self::try_make().expect("make the standby's cluster");
+        let data = format!("/var/lib/postgresql/{}/{}", standby.version, standby.name);
+        run("sh", &["-c", &format!("rm -rf {data}/*")])
+            .expect("empty the standby's data directory");
+        let port = primary.port.to_string();
+        run(
+            "runuser",
+            &[
+                "-u",
+                "postgres",
+                "--",
+                "pg_basebackup",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &data,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
+        )
+        .expect("pg_basebackup");
+        standby.ctl(&["start"]).expect("start the standby");
+        standby
+    }
+
+    /// `pg_ctlcluster … ACTION ARGS` (start, stop -m immediate, promote).
+    pub fn ctl(&self, action: &[&str]) -> Result<(), String> {
+        let mut args = vec!["--skip-systemctl-redirect", &self.version, &self.name];
+        args.extend_from_slice(action);
+        run("pg_ctlcluster", &args)
+    }
+
+    /// Runs `sql` as the superuser in `postgres`; its output, trimmed.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-d", "postgres", "-qAtc", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Made, not started.
+    fn try_make() -> Result<Self, String> {
         let version = std::fs::read_dir("/etc/postgresql")
             .map_err(|e| format!("no /etc/postgresql: {e}"))?
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
@@ -64,7 +135,6 @@ impl TempCluster {
                 &name,
                 "-p",
                 &port_text,
-                "--start",
                 "--",
                 "--auth-host=trust",
                 "--auth-local=trust",
@@ -84,18 +154,8 @@ impl TempCluster {
     /// Crashes the server (`restart -m immediate`: no checkpoint, every
     /// session cut) and waits until it accepts connections again.
     pub fn restart_immediate(&self) {
-        run(
-            "pg_ctlcluster",
-            &[
-                "--skip-systemctl-redirect",
-                &self.version,
-                &self.name,
-                "restart",
-                "-m",
-                "immediate",
-            ],
-        )
-        .expect("restart the cluster");
+        self.ctl(&["restart", "-m", "immediate"])
+            .expect("restart the cluster");
     }
 }
 

@@ -150,3 +150,51 @@ pub fn resend(agent: &ureq::Agent, addr: &str, token: &str, sent: &Sent) -> (u16
         thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// After a fault: every 201 in `sent` is stored in the database at `url`;
+/// then, through the same service at `addr`, every request again with its
+/// key (`clients` at once) lands exactly once: a 201's replay is its
+/// receipt, one plan per key, none without its key row. Gives `sent` back.
+pub fn every_acknowledged_plan_is_kept_once(
+    sent: Vec<Sent>,
+    url: &str,
+    addr: &str,
+    token: &str,
+    clients: usize,
+) -> Arc<Vec<Sent>> {
+    use diesel::Connection;
+    let mut conn = plan_intake::storage::DbConn::Postgres(
+        diesel::PgConnection::establish(url).expect("connect"),
+    );
+    let stored = super::stored_receipt_ids(&mut conn);
+    for receipt in sent.iter().filter_map(Sent::created_receipt) {
+        assert!(stored.contains(receipt), "a 201 was lost: {receipt}");
+    }
+    let sent = Arc::new(sent);
+    let resenders: Vec<_> = (0..clients)
+        .map(|c| {
+            let (sent, addr, token) = (Arc::clone(&sent), addr.to_owned(), token.to_owned());
+            thread::spawn(move || {
+                let agent = client();
+                for s in sent.iter().skip(c).step_by(clients) {
+                    let (status, answer) = resend(&agent, &addr, &token, s);
+                    assert!([200, 201].contains(&status), "{}: {status} {answer}", s.key);
+                    if let Some(receipt) = s.created_receipt() {
+                        assert_eq!(answer["receipt_id"].as_str(), Some(receipt), "{}", s.key);
+                    }
+                }
+            })
+        })
+        .collect();
+    for resender in resenders {
+        resender.join().expect("every retry lands");
+    }
+    let plans = super::scalar(&mut conn, "SELECT COUNT(*) AS n FROM plans");
+    assert_eq!(plans, sent.len() as i64, "one plan per key");
+    let keyless = super::scalar(
+        &mut conn,
+        "SELECT COUNT(*) AS n FROM plans p WHERE NOT EXISTS (SELECT 1 FROM intake_keys k WHERE k.plan_id = p.id)",
+    );
+    assert_eq!(keyless, 0, "a plan without its key");
+    sent
+}

@@ -1,0 +1,202 @@
+//! Failover, on a primary and a standby of the test's own (`pg_basebackup
+//! -R`), the service on a libpq multi-host URL with
+//! `target_session_attrs=read-write`, never restarted:
+//!
+//! - to a synchronous standby under 8-way load: every answer is 201, 200 or
+//!   503, every 201 is on the new primary, every request resent with its
+//!   key lands exactly once, no plan is without its key;
+//! - to an asynchronous standby that was behind: what it never received is
+//!   lost (that is asynchronous replication), but a reader whose cursor
+//!   came from the old primary sees every receipt written after.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::cluster::TempCluster;
+use crate::support::load::{Load, assert_each_answered, every_acknowledged_plan_is_kept_once};
+use crate::support::plan_body;
+use crate::support::process::{ServeProcess, client, get, post_plan, run_cli_at};
+
+const CLIENTS: usize = 8;
+
+/// A primary with a database `intake`, and its streaming standby.
+fn pair() -> Option<(TempCluster, TempCluster)> {
+    let primary = TempCluster::create()?;
+    primary.psql("CREATE DATABASE intake");
+    let standby = TempCluster::standby_of(&primary);
+    wait_for(
+        &primary,
+        "SELECT COUNT(*) FROM pg_stat_replication WHERE state = 'streaming'",
+        "1",
+    );
+    Some((primary, standby))
+}
+
+/// Polls `sql` on `cluster` until it answers `expected`.
+#[track_caller]
+fn wait_for(cluster: &TempCluster, sql: &str, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = cluster.psql(sql);
+        if answer == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{sql}` still answers {answer:?}, not {expected:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn multi_host_url(primary: &TempCluster, standby: &TempCluster) -> String {
+    format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/intake?target_session_attrs=read-write",
+        primary.port, standby.port
+    )
+}
+
+fn login(url: &str, name: &str, permission: &str) -> String {
+    let out = run_cli_at(url, &["logins", "add", name, "--permission", permission]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn a_failover_to_a_synchronous_standby_keeps_every_acknowledged_plan() {
+    let Some((primary, standby)) = pair() else {
+        return;
+    };
+    primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+    primary.psql("SELECT pg_reload_conf()");
+    wait_for(
+        &primary,
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        "sync",
+    );
+    let url = multi_host_url(&primary, &standby);
+    let token = login(&url, "planner-a", "plans:submit");
+    let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
+
+    let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
+    load.wait_for_created(200);
+    primary
+        .ctl(&["stop", "-m", "immediate"])
+        .expect("stop the primary");
+    standby.ctl(&["promote"]).expect("promote the standby");
+    // The same service goes on writing on the new primary.
+    load.wait_for_created(400);
+    let sent = load.stop();
+
+    assert_each_answered(&sent, &[200, 201, 503]);
+    let new_primary = standby.url("intake");
+    every_acknowledged_plan_is_kept_once(sent, &new_primary, &service.addr, &token, CLIENTS);
+}
+
+/// GETs `path` until it is not a 503 (the service finding the new primary).
+fn get_through_failover(addr: &str, token: &str, path: &str) -> Value {
+    let agent = client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = get(&agent, addr, token, path);
+        if status == 200 {
+            return body;
+        }
+        assert!(
+            status == 503 && Instant::now() < deadline,
+            "{path}: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// POSTs a new plan until it is answered 201; its receipt id.
+fn create_through_failover(addr: &str, token: &str, run: &str) -> String {
+    let agent = client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = post_plan(&agent, addr, token, run, &plan_body(run, run));
+        match answer {
+            Ok((201, receipt)) => return receipt["receipt_id"].as_str().expect("id").to_owned(),
+            Ok((503, _)) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("{run}: {other:?}"),
+        }
+    }
+}
+
+/// Reads from `cursor` (`None`: the start) to the feed's current end; the
+/// receipt ids and the cursor there.
+fn read_to_end(addr: &str, token: &str, cursor: Option<String>) -> (Vec<String>, String) {
+    let mut seen = Vec::new();
+    let mut path = "/v1/receipts?limit=100".to_owned();
+    if let Some(cursor) = cursor {
+        path.push_str(&format!("&after={cursor}"));
+    }
+    loop {
+        let page = get_through_failover(addr, token, &path);
+        let receipts = page["receipts"].as_array().expect("receipts").clone();
+        let cursor = page["next"].as_str().expect("next").to_owned();
+        if receipts.is_empty() {
+            return (seen, cursor);
+        }
+        path = format!("/v1/receipts?limit=100&after={cursor}");
+        seen.extend(
+            receipts
+                .iter()
+                .map(|r| r["receipt_id"].as_str().expect("id").to_owned()),
+        );
+    }
+}
+
+#[test]
+fn after_a_failover_to_a_standby_that_was_behind_the_feed_skips_nothing_new() {
+    let Some((primary, standby)) = pair() else {
+        return;
+    };
+    let url = multi_host_url(&primary, &standby);
+    let planner = login(&url, "planner-a", "plans:submit");
+    let reader = login(&url, "orders", "receipts:read");
+    let service = ServeProcess::start(&url);
+    for i in 0..20 {
+        create_through_failover(&service.addr, &planner, &format!("replicated-{i}"));
+    }
+    wait_for(
+        &primary,
+        "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication",
+        "t",
+    );
+    // The standby stops receiving; the primary writes on, and more xids go by.
+    standby.ctl(&["stop"]).expect("stop the standby");
+    for i in 0..30 {
+        create_through_failover(&service.addr, &planner, &format!("lost-{i}"));
+    }
+    let (read, cursor) = read_to_end(&service.addr, &reader, None);
+    assert_eq!(read.len(), 50, "the reader reached the old primary's end");
+
+    primary
+        .ctl(&["stop", "-m", "immediate"])
+        .expect("stop the primary");
+    standby.ctl(&["start"]).expect("start the standby");
+    standby.ctl(&["promote"]).expect("promote the standby");
+    let written: Vec<String> = (0..40)
+        .map(|i| create_through_failover(&service.addr, &planner, &format!("after-{i}")))
+        .collect();
+
+    let (after, _) = read_to_end(&service.addr, &reader, Some(cursor));
+    let after: HashSet<String> = after.into_iter().collect();
+    let missed: Vec<&String> = written.iter().filter(|id| !after.contains(*id)).collect();
+    assert!(
+        missed.is_empty(),
+        "{} of the {} receipts written after the failover were skipped",
+        missed.len(),
+        written.len()
+    );
+}
