@@ -156,6 +156,10 @@ impl Intake {
         // After an unknown COMMIT that did not land, the insert is made once
         // more even if the retry budget is spent; only once per request.
         let mut reinsert_allowed = true;
+        // Pooled connections to a server that has turned read-only are each
+        // discarded and the write moves on at once, uncounted: as many as
+        // the pool can hold, and one more.
+        let mut read_only_left = self.db.max_connections() + 1;
         loop {
             attempt += 1;
             let plan = new_plan(login, submission, parts);
@@ -189,7 +193,18 @@ impl Intake {
             let error = failure.error;
             match classify(&error, failure.commit_sent, failure.connection_lost) {
                 FailureClass::Conflict => return resolve_conflict(&mut conn, &plan, key, error),
+                FailureClass::Transient(TransientCause::ReadOnlyNode) if read_only_left > 0 => {
+                    read_only_left -= 1;
+                    attempt -= 1;
+                    crate::storage::discard(&mut conn);
+                    drop(conn);
+                    self.metrics.retry(TransientCause::ReadOnlyNode.as_str());
+                    tracing::warn!(maker = %login.name, key = key.as_str(), %error, "the database server is read-only now; retrying on a new connection");
+                }
                 FailureClass::Transient(cause) => {
+                    if cause == TransientCause::ReadOnlyNode {
+                        crate::storage::discard(&mut conn);
+                    }
                     // A broken connection goes back and is discarded by the pool.
                     drop(conn);
                     self.back_off(cause, error, deadline, &log)?;

@@ -87,7 +87,7 @@ pub enum FailureClass {
     Refused,
     /// Lost or cancelled during COMMIT: it may have landed. Re-read before anything else.
     UnknownOutcome,
-    /// Anything else (read-only, out of space, a missing privilege, a rule the
+    /// Anything else (out of space, a missing privilege, a rule the
     /// schema gained): 503, retry later with the same key; not retried here.
     Unavailable,
 }
@@ -100,16 +100,20 @@ pub enum TransientCause {
     SqliteBusy,
     ConnectionLost,
     StatementCancelled,
+    /// The connection's server is read-only now (a demoted or fenced
+    /// primary, SQLSTATE 25006): discard it; a fresh one finds the primary.
+    ReadOnlyNode,
 }
 
 impl TransientCause {
-    pub const ALL: [TransientCause; 6] = [
+    pub const ALL: [TransientCause; 7] = [
         TransientCause::Deadlock,
         TransientCause::SerializationFailure,
         TransientCause::LockTimeout,
         TransientCause::SqliteBusy,
         TransientCause::ConnectionLost,
         TransientCause::StatementCancelled,
+        TransientCause::ReadOnlyNode,
     ];
 
     /// The label under which retries of this cause are counted.
@@ -121,6 +125,7 @@ impl TransientCause {
             TransientCause::SqliteBusy => "sqlite_busy",
             TransientCause::ConnectionLost => "connection_lost",
             TransientCause::StatementCancelled => "statement_cancelled",
+            TransientCause::ReadOnlyNode => "read_only_node",
         }
     }
 }
@@ -159,6 +164,7 @@ pub fn classify(error: &DieselError, commit_sent: bool, connection_lost: bool) -
                 FailureClass::Transient(TransientCause::SerializationFailure)
             }
             Kind::CheckViolation => FailureClass::Refused,
+            Kind::ReadOnlyTransaction => FailureClass::Transient(TransientCause::ReadOnlyNode),
             Kind::ClosedConnection | Kind::UnableToSendCommand => lost,
             _ if connection_lost => lost,
             _ if is_sqlite_busy(info.message()) => {
@@ -189,6 +195,9 @@ pub fn class_of_sqlstate(code: &str) -> Option<FailureClass> {
         "55P03" => Transient(LockTimeout),
         // statement_timeout or a cancel request: the function's work rolled back.
         "57014" => Transient(StatementCancelled),
+        // A read-only server (a standby, or a primary fenced by
+        // default_transaction_read_only): nothing was written.
+        "25006" => Transient(ReadOnlyNode),
         // Shutting down, crashed, or not yet accepting: the server goes away.
         "57P01" | "57P02" | "57P03" => Transient(ConnectionLost),
         code if code.starts_with("08") => Transient(ConnectionLost),
@@ -341,7 +350,7 @@ mod tests {
         let read_only = error(DatabaseErrorKind::ReadOnlyTransaction, "", None);
         assert_eq!(
             classify(&read_only, false, false),
-            FailureClass::Unavailable
+            FailureClass::Transient(TransientCause::ReadOnlyNode)
         );
         let other = DieselError::NotFound;
         assert_eq!(classify(&other, false, false), FailureClass::Unavailable);

@@ -257,6 +257,11 @@ impl Database {
         self.writers.panic_in_next_batch();
     }
 
+    /// The most connections the pool holds at once.
+    pub fn max_connections(&self) -> u32 {
+        self.pool.max_size()
+    }
+
     /// Callers waiting for a connection at this moment.
     pub fn waiters(&self) -> i64 {
         self.waiting.load(Ordering::Relaxed)
@@ -273,6 +278,14 @@ impl Database {
             Err(StorageError::PendingMigrations(pending))
         }
     }
+}
+
+/// Marks `conn` so that the pool discards it when it comes back instead of
+/// handing it out again: its server is read-only now, and only a new
+/// connection (libpq's `target_session_attrs=read-write`) finds the primary.
+pub fn discard(conn: &mut DbConn) {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    with_conn!(conn, c => AnsiTransactionManager::transaction_manager_status_mut(c).set_in_error());
 }
 
 /// Whether a connection still reaches its server, asked after a failure: by

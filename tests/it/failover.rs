@@ -200,3 +200,43 @@ fn after_a_failover_to_a_standby_that_was_behind_the_feed_skips_nothing_new() {
         written.len()
     );
 }
+
+/// A primary fenced read-only (`default_transaction_read_only`, as a
+/// failover manager does before promoting), and its standby promoted: the
+/// service's pooled connections to the fenced node answer 25006; each is
+/// discarded and the write goes on at once on a new connection, which
+/// `target_session_attrs=read-write` takes to the new primary. Not one 503.
+#[test]
+fn pooled_connections_to_a_primary_turned_read_only_are_discarded() {
+    let Some((primary, standby)) = pair() else {
+        return;
+    };
+    let url = multi_host_url(&primary, &standby);
+    let token = login(&url, "planner-a", "plans:submit");
+    let service = ServeProcess::start(&url);
+    // Every pooled connection open, on the old primary.
+    let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
+    load.wait_for_created(100);
+    assert_each_answered(&load.stop(), &[201]);
+
+    primary.psql("ALTER SYSTEM SET default_transaction_read_only = on");
+    primary.psql("SELECT pg_reload_conf()");
+    // A new session sees it: the postmaster has reloaded and signalled
+    // every session, which applies it before its next statement.
+    wait_for(&primary, "SHOW default_transaction_read_only", "on");
+    standby.ctl(&["promote"]).expect("promote the standby");
+    wait_for(&standby, "SELECT pg_is_in_recovery()", "f");
+
+    let agent = client();
+    for i in 0..20 {
+        let run = format!("after-fence-{i}");
+        let (status, receipt) =
+            post_plan(&agent, &service.addr, &token, &run, &plan_body(&run, &run)).expect("answer");
+        assert_eq!(status, 201, "{run}: {receipt}");
+    }
+    let on_new_primary = standby.psql_in(
+        "intake",
+        "SELECT COUNT(*) FROM plans WHERE run_id LIKE 'after-fence-%'",
+    );
+    assert_eq!(on_new_primary, "20");
+}

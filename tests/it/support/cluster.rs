@@ -91,16 +91,24 @@ impl TempCluster {
 
     /// Runs `sql` as the superuser in `postgres`; its output, trimmed.
     pub fn psql(&self, sql: &str) -> String {
+        self.psql_in("postgres", sql)
+    }
+
+    /// Runs `sql` as the superuser in `database`; its output, trimmed.
+    pub fn psql_in(&self, database: &str, sql: &str) -> String {
+        let port = self.port.to_string();
         let out = Command::new("psql")
             .args([
                 "-h",
                 "127.0.0.1",
                 "-p",
-                &self.port.to_string(),
+                &port,
                 "-U",
                 "postgres",
+                "-d",
+                database,
             ])
-            .args(["-d", "postgres", "-qAtc", sql])
+            .args(["-qAtc", sql])
             .output()
             .expect("run psql");
         assert!(
