@@ -22,6 +22,7 @@ pub struct Metrics {
     feed_waiting: IntGauge,
     feed_wakeups: IntCounter,
     feed_lag: Gauge,
+    commit_waits_for_standby: IntGauge,
 }
 
 /// Every label value each counter can take, so every series exists at 0
@@ -192,6 +193,10 @@ impl Metrics {
                 "plan_intake_feed_lag_seconds",
                 "Age of the oldest write still holding the feed back, as of the last feed read",
             ),
+            commit_waits_for_standby: define.int_gauge(
+                "plan_intake_commit_waits_for_standby",
+                "1 when every acknowledged commit is on a synchronous standby too (Postgres synchronous_standby_names set, synchronous_commit on, remote_write or remote_apply), else 0; as of the last /readyz",
+            ),
             registry,
         }
     }
@@ -218,6 +223,10 @@ impl Metrics {
 
     pub fn feed_waiting_count(&self) -> i64 {
         self.feed_waiting.get()
+    }
+
+    pub fn set_commit_waits_for_standby(&self, waits: bool) {
+        self.commit_waits_for_standby.set(i64::from(waits));
     }
 
     pub fn set_feed_lag(&self, seconds: f64) {

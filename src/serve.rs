@@ -3,6 +3,7 @@
 use actix_web::HttpServer;
 
 use crate::config::ServeConfig;
+use crate::deadline::Deadline;
 use crate::http::{self, AppState};
 use crate::intake::Intake;
 use crate::metrics::Metrics;
@@ -48,10 +49,18 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         bind = %config.bind,
         "plan-intake starting"
     );
-    let state = AppState::new(
-        Intake::new(db, config.retry.clone(), Metrics::new()),
-        config.http.clone(),
-    );
+    let intake = Intake::new(db, config.retry.clone(), Metrics::new());
+    // Said once at start, where an operator looks; `/readyz` and the gauge
+    // keep saying it.
+    match intake.readiness(&Deadline::after(config.http.request_timeout)) {
+        Ok(readiness) => {
+            if let Some(warning) = readiness.warning {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "not ready yet"),
+    }
+    let state = AppState::new(intake, config.http.clone());
     actix_web::rt::System::new().block_on(async move {
         // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
         // flight finish (up to the shutdown timeout), then `run` returns and

@@ -103,7 +103,7 @@ fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// `ok` or `ready`
+    /// `ok`
     status: &'static str,
 }
 
@@ -114,10 +114,23 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
+/// `/readyz`: ready, and whether an acknowledged plan survives a failover.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// `ready`
+    status: &'static str,
+    /// Every acknowledged commit is on a synchronous standby too (always
+    /// false on SQLite, which has none)
+    commit_waits_for_standby: bool,
+    /// Postgres without a synchronous standby: what a failover may lose
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
+}
+
 /// The database answers and no migration is pending.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
-        (status = 200, description = "Ready to take plans", body = Health),
+        (status = 200, description = "Ready to take plans", body = Ready),
         (status = 503, description = "Database unreachable or migrations pending", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
@@ -126,14 +139,18 @@ pub async fn readyz(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let deadline = deadline::of(&req, &state);
-    state
+    let readiness = state
         .blocking(deadline, move |intake| intake.readiness(&deadline))
         .await
         .map_err(|e| match e {
             ApiError::Internal(cause) => ApiError::Unavailable(cause),
             other => other,
         })?;
-    Ok(HttpResponse::Ok().json(Health { status: "ready" }))
+    Ok(HttpResponse::Ok().json(Ready {
+        status: "ready",
+        commit_waits_for_standby: readiness.commit_waits_for_standby,
+        warning: readiness.warning,
+    }))
 }
 
 /// Prometheus text exposition.

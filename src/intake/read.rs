@@ -11,6 +11,7 @@ use super::receipt::{CorruptRow, PlanView, Receipt};
 use super::submit::Intake;
 use super::{Login, Permission};
 use crate::deadline::Deadline;
+use crate::storage::Durability;
 use crate::storage::StorageError;
 use crate::storage::plans::{self, PlanRow};
 
@@ -180,9 +181,28 @@ impl Intake {
         self.db.feed_signal().subscribe()
     }
 
-    /// Ready to serve: the database answers and no migration is pending.
-    pub fn readiness(&self, deadline: &Deadline) -> Result<(), ReadError> {
-        Ok(self.db.readiness(deadline)?)
+    /// Ready to serve: the database answers and no migration is pending;
+    /// and whether an acknowledged plan survives a failover (the gauge
+    /// `plan_intake_commit_waits_for_standby` follows).
+    pub fn readiness(&self, deadline: &Deadline) -> Result<Readiness, ReadError> {
+        let durability = self.db.readiness(deadline)?;
+        let waits = durability.waits_for_standby();
+        self.metrics.set_commit_waits_for_standby(waits);
+        let warning = match durability {
+            Durability::Postgres {
+                synchronous_standby_names,
+                synchronous_commit,
+            } if !waits => Some(format!(
+                "acknowledged commits do not wait for a synchronous standby \
+                 (synchronous_standby_names = '{synchronous_standby_names}', synchronous_commit = {synchronous_commit}): \
+                 a failover may lose acknowledged plans"
+            )),
+            _ => None,
+        };
+        Ok(Readiness {
+            commit_waits_for_standby: waits,
+            warning,
+        })
     }
 
     /// Brings the pool's gauges up to date, for a scrape.
@@ -191,4 +211,13 @@ impl Intake {
         self.metrics
             .set_pool(pool.connections, pool.idle_connections, self.db.waiters());
     }
+}
+
+/// What `/readyz` tells beyond "ready".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// Every acknowledged commit is on a synchronous standby too.
+    pub commit_waits_for_standby: bool,
+    /// On Postgres when it is not: what a failover may lose, and why.
+    pub warning: Option<String>,
 }

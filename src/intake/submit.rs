@@ -173,7 +173,10 @@ impl Intake {
                 Ok(Written::KeyHeld {
                     request_hash,
                     plan: row,
-                }) => return replay_or_refuse(&request_hash, &plan, &row),
+                }) => {
+                    let replay = replay_or_refuse(&request_hash, &plan, &row)?;
+                    return self.once_replicated(replay, deadline);
+                }
                 // Only this request's key row was written, for the kept plan.
                 Ok(Written::AlreadyReceived(row)) => {
                     return accepted(Outcome::AlreadyReceived, &row);
@@ -192,7 +195,11 @@ impl Intake {
             }
             let error = failure.error;
             match classify(&error, failure.commit_sent, failure.connection_lost) {
-                FailureClass::Conflict => return resolve_conflict(&mut conn, &plan, key, error),
+                FailureClass::Conflict => {
+                    let resolved = resolve_conflict(&mut conn, &plan, key, error)?;
+                    drop(conn);
+                    return self.once_replicated(resolved, deadline);
+                }
                 FailureClass::Transient(TransientCause::ReadOnlyNode) if read_only_left > 0 => {
                     read_only_left -= 1;
                     attempt -= 1;
@@ -214,7 +221,7 @@ impl Intake {
                     if let Some(accepted) =
                         self.after_unknown_commit(&log, &plan, error, deadline, reinsert_allowed)?
                     {
-                        return Ok(accepted);
+                        return self.once_replicated(accepted, deadline);
                     }
                     reinsert_allowed = false;
                 }
@@ -225,6 +232,20 @@ impl Intake {
                 }
             }
         }
+    }
+
+    /// `accepted`, once the plan it names is on the synchronous standby: it
+    /// was read, not committed by this request, and its own commit may have
+    /// been cut short while it waited for the standby (see
+    /// `storage::replication`). A 503 at the deadline, never an answer that
+    /// a failover could take back.
+    fn once_replicated(
+        &self,
+        accepted: Accepted,
+        deadline: &Deadline,
+    ) -> Result<Accepted, SubmitError> {
+        self.db.await_replicated(deadline)?;
+        Ok(accepted)
     }
 
     /// A COMMIT whose outcome is unknown: the plan as it landed, or `None`

@@ -12,6 +12,7 @@ pub mod logins;
 pub mod migrations;
 pub mod plans;
 mod pool;
+mod replication;
 mod scratch;
 
 pub use errors::StorageError;
@@ -20,6 +21,7 @@ pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
     build_pool, redact,
 };
+pub use replication::ReplicationBarrier;
 pub use scratch::ScratchSchema;
 
 use std::sync::Arc;
@@ -44,6 +46,8 @@ pub struct Database {
     writers: Arc<WriteQueue>,
     /// Wakes readers waiting on the feed.
     feed: FeedSignal,
+    /// The service on Postgres: proves a plan it read is on the standby.
+    barrier: Option<ReplicationBarrier>,
 }
 
 impl Database {
@@ -83,10 +87,15 @@ impl Database {
         // The service (which writes plans; not the command line tools, which
         // may run as a role that only reads) records this cluster's feed
         // base before its first write.
+        let mut barrier = None;
         if let DbConn::Postgres(pg) = &mut conn
             && options.feed_listener
         {
             plans::record_feed_base(pg)?;
+            if let DatabaseTarget::Postgres(url) = manager.target() {
+                let durability = replication::commit_durability(pg, false)?;
+                barrier = Some(ReplicationBarrier::start(url.clone(), &durability));
+            }
         }
         drop(conn);
         let mut feed = FeedSignal::default();
@@ -105,6 +114,7 @@ impl Database {
         }
         Ok(Self {
             feed,
+            barrier,
             pool: build_pool(manager, options),
             backend,
             checkout_timeout: options.checkout_timeout,
@@ -268,14 +278,67 @@ impl Database {
     }
 
     /// Ready to serve: the database answers and no migration is pending.
-    /// Reads only, so a role that may not create anything can ask.
-    pub fn readiness(&self, deadline: &Deadline) -> Result<(), StorageError> {
+    /// Reads only, so a role that may not create anything can ask. Also
+    /// says whether an acknowledged commit has reached a standby.
+    pub fn readiness(&self, deadline: &Deadline) -> Result<Durability, StorageError> {
         let mut conn = self.conn_within(deadline)?;
         let pending = migrations::pending(&mut conn)?;
-        if pending.is_empty() {
-            Ok(())
-        } else {
-            Err(StorageError::PendingMigrations(pending))
+        if !pending.is_empty() {
+            return Err(StorageError::PendingMigrations(pending));
+        }
+        Ok(match &mut *conn {
+            DbConn::Sqlite(_) => Durability::LocalFile,
+            DbConn::Postgres(pg) => {
+                let durability = replication::commit_durability(pg, false)?;
+                if let Some(barrier) = &self.barrier {
+                    barrier.observe(&durability);
+                }
+                durability
+            }
+        })
+    }
+
+    /// Returns once everything committed before the call is on the
+    /// synchronous standby (see `replication`): before a plan that this
+    /// request did not commit itself is acknowledged. At once on SQLite, in
+    /// the command line tools, and where commits do not wait for a standby.
+    pub fn await_replicated(&self, deadline: &Deadline) -> Result<(), StorageError> {
+        match &self.barrier {
+            Some(barrier) => barrier.wait(deadline),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where an acknowledged commit is, as the service's own sessions commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Durability {
+    /// SQLite: on this machine's disk (`synchronous = FULL`), nowhere else.
+    LocalFile,
+    /// Postgres, by the settings that decide whether COMMIT waits for a
+    /// synchronous standby.
+    Postgres {
+        synchronous_standby_names: String,
+        synchronous_commit: String,
+    },
+}
+
+impl Durability {
+    /// A COMMIT returns only once a synchronous standby has the commit
+    /// (`remote_write`, `on` or `remote_apply`, with a standby named).
+    pub fn waits_for_standby(&self) -> bool {
+        match self {
+            Self::LocalFile => false,
+            Self::Postgres {
+                synchronous_standby_names,
+                synchronous_commit,
+            } => {
+                !synchronous_standby_names.trim().is_empty()
+                    && matches!(
+                        synchronous_commit.as_str(),
+                        "on" | "remote_write" | "remote_apply"
+                    )
+            }
         }
     }
 }

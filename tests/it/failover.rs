@@ -34,13 +34,45 @@ fn pair() -> Option<(TempCluster, TempCluster)> {
     Some((primary, standby))
 }
 
+/// A pair whose standby is synchronous (`synchronous_standby_names = '*'`),
+/// a planner's token and a service on both, deadline 3 s.
+struct SyncPair {
+    primary: TempCluster,
+    standby: TempCluster,
+    url: String,
+    token: String,
+    service: ServeProcess,
+}
+
+fn sync_pair() -> Option<SyncPair> {
+    let (primary, standby) = pair()?;
+    primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+    primary.psql("SELECT pg_reload_conf()");
+    wait_for(
+        &primary,
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        "sync",
+    );
+    let url = multi_host_url(&primary, &standby);
+    let token = login(&url, "planner-a", "plans:submit");
+    let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
+    Some(SyncPair {
+        primary,
+        standby,
+        url,
+        token,
+        service,
+    })
+}
+
 /// Polls `sql` on `cluster` until it answers `expected`.
 #[track_caller]
 fn wait_for(cluster: &TempCluster, sql: &str, expected: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let answer = cluster.psql(sql);
-        if answer == expected {
+        // A server restarting its recovery refuses connections meanwhile.
+        let answer = cluster.try_psql_in("postgres", sql);
+        if answer.as_deref() == Ok(expected) {
             return;
         }
         assert!(
@@ -70,19 +102,17 @@ fn login(url: &str, name: &str, permission: &str) -> String {
 
 #[test]
 fn a_failover_to_a_synchronous_standby_keeps_every_acknowledged_plan() {
-    let Some((primary, standby)) = pair() else {
+    let Some(SyncPair {
+        primary,
+        standby,
+        url,
+        token,
+        service,
+    }) = sync_pair()
+    else {
         return;
     };
-    primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
-    primary.psql("SELECT pg_reload_conf()");
-    wait_for(
-        &primary,
-        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
-        "sync",
-    );
-    let url = multi_host_url(&primary, &standby);
-    let token = login(&url, "planner-a", "plans:submit");
-    let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
+    assert_durability_told(&service, true);
 
     let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
     load.wait_for_created(200);
@@ -97,6 +127,41 @@ fn a_failover_to_a_synchronous_standby_keeps_every_acknowledged_plan() {
     assert_each_answered(&sent, &[200, 201, 503]);
     let new_primary = standby.url("intake");
     every_acknowledged_plan_is_kept_once(sent, &new_primary, &service.addr, &token, CLIENTS);
+    // The command line takes the same multi-host URL, the first host now down.
+    for command in [
+        &["verify"][..],
+        &["migrate", "status"],
+        &["keys", "prune", "--older-than", "1d"],
+    ] {
+        let out = run_cli_at(&url, command);
+        assert!(
+            out.status.success(),
+            "{command:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Whether acknowledged commits wait for a standby, as `serve` logged it
+/// at start, `/readyz` says it and the gauge shows it.
+#[track_caller]
+fn assert_durability_told(service: &ServeProcess, waits: bool) {
+    let warned = service.log.lock().expect("log").iter().any(|line| {
+        line.contains("WARN") && line.contains("a failover may lose acknowledged plans")
+    });
+    assert_eq!(warned, !waits, "the warning at start");
+    let (status, ready) = get(&client(), &service.addr, "", "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["commit_waits_for_standby"], waits, "{ready}");
+    assert_eq!(ready.get("warning").is_some(), !waits, "{ready}");
+    let metrics = client()
+        .get(&format!("http://{}/metrics", service.addr))
+        .call()
+        .expect("metrics")
+        .into_string()
+        .expect("text");
+    let gauge = format!("plan_intake_commit_waits_for_standby {}", u8::from(waits));
+    assert!(metrics.lines().any(|l| l == gauge), "no `{gauge}`");
 }
 
 /// GETs `path` until it is not a 503 (the service finding the new primary).
@@ -165,6 +230,7 @@ fn after_a_failover_to_a_standby_that_was_behind_the_feed_skips_nothing_new() {
     let planner = login(&url, "planner-a", "plans:submit");
     let reader = login(&url, "orders", "receipts:read");
     let service = ServeProcess::start(&url);
+    assert_durability_told(&service, false);
     for i in 0..20 {
         create_through_failover(&service.addr, &planner, &format!("replicated-{i}"));
     }
@@ -239,4 +305,112 @@ fn pooled_connections_to_a_primary_turned_read_only_are_discarded() {
         "SELECT COUNT(*) FROM plans WHERE run_id LIKE 'after-fence-%'",
     );
     assert_eq!(on_new_primary, "20");
+}
+
+/// A synchronous standby that stops taking WAL (its walreceiver SIGSTOPped)
+/// and a write whose commit waits for it, terminated by
+/// `pg_terminate_backend`: the commit stays visible on the primary, but the
+/// service acknowledges neither it nor a replay of it (503, within the
+/// deadline); after the failover it is gone, every plan acknowledged before
+/// is there, and the request resent with its key lands once.
+#[test]
+fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
+    let Some(SyncPair {
+        primary,
+        standby,
+        url: _,
+        token,
+        service,
+    }) = sync_pair()
+    else {
+        return;
+    };
+    let agent = client();
+    let acknowledged: Vec<String> = (0..10)
+        .map(|i| create_through_failover(&service.addr, &token, &format!("before-{i}")))
+        .collect();
+    // A replay before the stall is answered as usual.
+    let (status, _) = post_plan(
+        &agent,
+        &service.addr,
+        &token,
+        "before-0",
+        &plan_body("before-0", "before-0"),
+    )
+    .expect("answer");
+    assert_eq!(status, 200);
+
+    let receiver = standby.pause_wal_receiver();
+    let body = plan_body("stalled", "stalled");
+    let poster = {
+        let (addr, token, body) = (service.addr.clone(), token.clone(), body.clone());
+        std::thread::spawn(move || post_plan(&client(), &addr, &token, "k-stalled", &body))
+    };
+    let waiting_write = "SELECT COUNT(*) FROM pg_stat_activity \
+                         WHERE wait_event = 'SyncRep' AND query LIKE '%plan_intake_write%'";
+    wait_for(&primary, waiting_write, "1");
+    primary.psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid IN ({})",
+        waiting_write.replace("COUNT(*)", "pid")
+    ));
+    let (status, answer) = poster.join().expect("poster").expect("an answer");
+    assert_eq!(
+        status, 503,
+        "a commit the standby never had was acknowledged: {answer}"
+    );
+    assert_eq!(
+        primary.psql_in(
+            "intake",
+            "SELECT COUNT(*) FROM plans WHERE run_id = 'stalled'"
+        ),
+        "1",
+        "the terminated commit is visible on the primary"
+    );
+    let (status, answer) =
+        post_plan(&agent, &service.addr, &token, "k-stalled", &body).expect("an answer");
+    assert_eq!(status, 503, "a replay of it was acknowledged: {answer}");
+
+    // The link is cut: the primary is gone, and so is what the standby's
+    // receiver held unwritten (the standby restarts its recovery).
+    primary
+        .ctl(&["stop", "-m", "immediate"])
+        .expect("stop the primary");
+    receiver.kill();
+    wait_for(&standby, "SELECT pg_is_in_recovery()", "t");
+    standby.ctl(&["promote"]).expect("promote the standby");
+    wait_for(&standby, "SELECT pg_is_in_recovery()", "f");
+    for receipt in &acknowledged {
+        let sql = format!("SELECT COUNT(*) FROM plans WHERE receipt_id = '{receipt}'");
+        assert_eq!(
+            standby.psql_in("intake", &sql),
+            "1",
+            "{receipt} was acknowledged and lost"
+        );
+    }
+    assert_eq!(
+        standby.psql_in(
+            "intake",
+            "SELECT COUNT(*) FROM plans WHERE run_id = 'stalled'"
+        ),
+        "0",
+        "the standby never had it"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (status, answer) = loop {
+        let answer = post_plan(&agent, &service.addr, &token, "k-stalled", &body);
+        match answer {
+            Ok((503, _)) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => break other.expect("an answer"),
+        }
+    };
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(
+        standby.psql_in(
+            "intake",
+            "SELECT COUNT(*) FROM plans WHERE run_id = 'stalled'"
+        ),
+        "1"
+    );
 }

@@ -95,28 +95,43 @@ impl TempCluster {
     }
 
     /// Runs `sql` as the superuser in `database`; its output, trimmed.
+    #[track_caller]
     pub fn psql_in(&self, database: &str, sql: &str) -> String {
+        self.try_psql_in(database, sql)
+            .unwrap_or_else(|e| panic!("psql {sql}: {e}"))
+    }
+
+    /// [`TempCluster::psql_in`], or what stopped it (say, a server still
+    /// restarting its recovery).
+    pub fn try_psql_in(&self, database: &str, sql: &str) -> Result<String, String> {
         let port = self.port.to_string();
         let out = Command::new("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "postgres",
-                "-d",
-                database,
-            ])
-            .args(["-qAtc", sql])
+            .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+            .args(["-d", database, "-qAtc", sql])
             .output()
-            .expect("run psql");
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// SIGSTOPs this standby's WAL receiver until the value is dropped: the
+    /// standby stays connected but takes no more WAL, so a commit that
+    /// waits for it waits.
+    pub fn pause_wal_receiver(&self) -> Paused {
+        let pattern = format!("{}/{}: walreceiver", self.version, self.name);
+        let out = Command::new("pgrep")
+            .args(["-f", &pattern])
+            .output()
+            .expect("run pgrep");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            !pid.is_empty() && !pid.contains('\n'),
+            "one walreceiver: {pid:?}"
         );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        run("kill", &["-STOP", &pid]).expect("SIGSTOP the walreceiver");
+        Paused { pid }
     }
 
     /// Made, not started.
@@ -164,6 +179,25 @@ impl TempCluster {
     pub fn restart_immediate(&self) {
         self.ctl(&["restart", "-m", "immediate"])
             .expect("restart the cluster");
+    }
+}
+
+/// A process held with SIGSTOP; SIGCONT when dropped.
+pub struct Paused {
+    pid: String,
+}
+
+impl Paused {
+    /// SIGKILL instead: what it had received but not yet written (a WAL
+    /// receiver's socket buffer) is gone with it, as with a cut link.
+    pub fn kill(self) {
+        run("kill", &["-KILL", &self.pid]).expect("SIGKILL");
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = run("kill", &["-CONT", &self.pid]);
     }
 }
 
