@@ -203,7 +203,7 @@ fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
 
 /// The peak memory of a service taking 32 plans of 1 MiB at once, each a
 /// million bytes of tiny objects: 128 MiB, and 160 MiB for each large body
-/// it may parse at once (one per CPU but one). Stated in the README.
+/// it may parse at once (one per CPU but one). Stated in docs/OPERATIONS.md.
 fn peak_rss_bound_mib() -> f64 {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     128.0 + 160.0 * cpus.saturating_sub(1).max(1) as f64

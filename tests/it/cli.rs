@@ -284,32 +284,35 @@ fn the_command_line_explains_itself() {
     assert_eq!(created, 0);
 }
 
-/// The README's configuration table says what `serve --help` says: the same
-/// flags, each with its environment variable and, where it has one, its
-/// default. Defaults are stated once, in the code; this keeps the README
-/// from drifting from them.
+/// The operations guide's configuration table says what `serve --help`
+/// says: the same flags, each with its environment variable and, where it
+/// has one, its default. Defaults are stated once, in the code; this keeps
+/// the guide from drifting from them.
 #[test]
-fn the_readme_configuration_table_matches_serve_help() {
+fn the_configuration_table_matches_serve_help() {
     let out = Command::new(BIN)
         .args(["serve", "--help"])
         .output()
         .expect("run");
     let help = String::from_utf8_lossy(&out.stdout);
     let from_help = options_in_help(&help);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
-    let from_readme = configuration_table(&readme);
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/OPERATIONS.md"
+    ))
+    .expect("docs/OPERATIONS.md");
+    let from_guide = configuration_table(&guide);
     let flags = |options: &[HelpOption]| -> Vec<String> {
         let mut flags: Vec<String> = options.iter().map(|o| o.flag.clone()).collect();
         flags.sort();
         flags
     };
     assert_eq!(
-        flags(&from_readme),
+        flags(&from_guide),
         flags(&from_help),
-        "the README's configuration table and `serve --help` list different flags"
+        "the configuration table of docs/OPERATIONS.md and `serve --help` list different flags"
     );
-    for documented in &from_readme {
+    for documented in &from_guide {
         let Some(actual) = from_help.iter().find(|o| o.flag == documented.flag) else {
             continue;
         };
@@ -318,7 +321,7 @@ fn the_readme_configuration_table_matches_serve_help() {
             assert_eq!(
                 documented.default.as_ref(),
                 Some(default),
-                "{}: the README's default differs from --help",
+                "{}: docs/OPERATIONS.md's default differs from --help",
                 documented.flag
             );
         }
@@ -334,7 +337,7 @@ struct HelpOption {
 
 /// Each `--flag` of clap's long help with its `[env: …]` and `[default: …]`;
 /// switches without an environment variable (`--no-migrate`, `--help`) are
-/// left out, as the README's table leaves them.
+/// left out, as the guide's table leaves them.
 fn options_in_help(help: &str) -> Vec<HelpOption> {
     let mut options: Vec<HelpOption> = Vec::new();
     for line in help.lines().map(str::trim) {
@@ -357,10 +360,10 @@ fn options_in_help(help: &str) -> Vec<HelpOption> {
     options
 }
 
-/// The rows of the README's `## Configuration` table that name a flag: the
+/// The rows of the guide's `## Configuration` table that name a flag: the
 /// flag, the variable, and the first `code` span of the default column.
-fn configuration_table(readme: &str) -> Vec<HelpOption> {
-    let section = readme
+fn configuration_table(guide: &str) -> Vec<HelpOption> {
+    let section = guide
         .split("## Configuration")
         .nth(1)
         .expect("a Configuration section");
