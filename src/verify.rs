@@ -22,6 +22,8 @@ use crate::with_conn;
 pub const CONTENDERS: usize = 8;
 const CONTENDER_LOGIN: &str = "verify-contender";
 const CONTENDER_KEY: &str = "verify-one-key";
+/// What a contender prints once it is set up, before it waits for the gate.
+const CONTENDER_READY: &str = "ready";
 /// How a contender gets its login's token (never on a command line).
 const CONTENDER_TOKEN_VAR: &str = "PLAN_INTAKE_VERIFY_TOKEN";
 const CONTENDER_BODY: &str = r#"{"run_id":"verify-run","approved_inputs":[{"id":"verify-input"}],"content":{"verify":true}}"#;
@@ -151,7 +153,7 @@ fn keys_match_their_plans(conn: &mut DbConn) -> Result<String, VerifyError> {
 }
 
 fn feed_invariant(conn: &mut DbConn) -> Result<String, VerifyError> {
-    match crate::storage::plans::feed_invariant(conn)? {
+    match crate::storage::feed::feed_invariant(conn)? {
         Ok(()) => Ok("every stored position is behind the next write's".to_owned()),
         Err((highest, next)) => Err(VerifyError::Broken(format!(
             "a stored feed position ({highest}) is not behind the next write's ({next}): \
@@ -236,25 +238,50 @@ fn one_winner(url: &str) -> Result<String, VerifyError> {
             .map_err(|e| VerifyError::could_not("cannot start a contender", e))?;
         contenders.0.push(child);
     }
-    // The start gate: every process is up before any is told to go.
+    // The start gate, a real barrier: each process says `ready` once it is
+    // connected, signed in and holding its parsed plan; only when all have
+    // said so is any told to go.
+    let mut answers = Vec::new();
+    for child in &mut contenders.0 {
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| VerifyError::Broken("a contender has no output to read".to_owned()))?;
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line)
+            .map_err(|e| VerifyError::could_not("cannot read a contender", e))?;
+        if line.trim() != CONTENDER_READY {
+            return Err(VerifyError::Broken(format!(
+                "a contender did not get ready: {}",
+                contender_stderr(child)
+            )));
+        }
+        answers.push(reader);
+    }
     for child in &mut contenders.0 {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"go\n");
         }
     }
     let mut outcomes = Vec::new();
-    while let Some(child) = contenders.next() {
-        let output = child
-            .wait_with_output()
+    for mut answer in answers {
+        let Some(mut child) = contenders.next() else {
+            break;
+        };
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut answer, &mut said)
+            .map_err(|e| VerifyError::could_not("cannot read a contender", e))?;
+        let status = child
+            .wait()
             .map_err(|e| VerifyError::could_not("cannot wait for a contender", e))?;
-        let said = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-        if !output.status.success() {
+        if !status.success() {
             return Err(VerifyError::Broken(format!(
                 "a contender failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
+                contender_stderr(&mut child)
             )));
         }
-        outcomes.push(said);
+        outcomes.push(said.trim().to_owned());
     }
     let created = outcomes.iter().filter(|o| *o == "created").count();
     let replayed = outcomes.iter().filter(|o| *o == "replayed").count();
@@ -268,6 +295,16 @@ fn one_winner(url: &str) -> Result<String, VerifyError> {
             "outcomes {outcomes:?}, {plans} plan rows"
         )))
     }
+}
+
+/// What a contender wrote to stderr (it has stopped, or is about to be).
+fn contender_stderr(child: &mut std::process::Child) -> String {
+    let mut text = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = child.kill();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+    }
+    text.trim().to_owned()
 }
 
 /// The contending processes still running; any left when verify stops
@@ -309,6 +346,12 @@ pub fn contend(url: &str) -> Result<String, VerifyError> {
         .map_err(|e| VerifyError::could_not("the contender's key is refused", e))?;
     let submission = body::parse(CONTENDER_BODY.as_bytes())
         .map_err(|e| VerifyError::could_not("the contender's plan is refused", e))?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{CONTENDER_READY}")
+            .and_then(|()| stdout.flush())
+            .map_err(|e| VerifyError::could_not("cannot report ready", e))?;
+    }
     let mut gate = String::new();
     std::io::stdin()
         .read_line(&mut gate)

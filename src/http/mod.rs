@@ -6,11 +6,12 @@
 mod admission;
 mod auth;
 mod deadline;
+mod feed;
 pub mod observe;
 pub mod openapi;
 mod plans;
 pub mod problem;
-mod receipts;
+mod reads;
 
 use actix_web::body::BoxBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
@@ -87,11 +88,11 @@ fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::new(state))
             .route("/v1/plans", web::post().to(plans::submit_plan))
-            .route("/v1/plans/{receipt_id}", web::get().to(plans::get_plan))
-            .route("/v1/receipts", web::get().to(receipts::list_receipts))
+            .route("/v1/plans/{receipt_id}", web::get().to(reads::get_plan))
+            .route("/v1/receipts", web::get().to(feed::list_receipts))
             .route(
                 "/v1/receipts/{receipt_id}",
-                web::get().to(receipts::get_receipt),
+                web::get().to(reads::get_receipt),
             )
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))

@@ -13,9 +13,9 @@ use utoipa::{Modify, OpenApi};
     ),
     paths(
         super::plans::submit_plan,
-        super::plans::get_plan,
-        super::receipts::list_receipts,
-        super::receipts::get_receipt,
+        super::reads::get_plan,
+        super::feed::list_receipts,
+        super::reads::get_receipt,
         super::healthz,
         super::readyz,
         super::metrics,

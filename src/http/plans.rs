@@ -1,16 +1,16 @@
-//! `POST /v1/plans` and `GET /v1/plans/{receipt_id}`.
+//! `POST /v1/plans`: sign-in before the body, admission, the body's read,
+//! the domain's write, the answer.
 
 use actix_web::http::{ConnectionType, header};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 
 use super::observe::{LoggedKey, LoggedMaker};
-use super::problem::{NotYours, Problem, Refusals};
-use super::receipts::readable;
+use super::problem::{Problem, Refusals};
 use super::{ApiError, AppState, auth};
 use crate::config::BODY_BYTES_PATIENCE;
 use crate::deadline::Deadline;
 use crate::intake::body::PlanRequest;
-use crate::intake::{Caller, IdempotencyKey, Outcome, Permission, PlanView, Receipt, body};
+use crate::intake::{Caller, IdempotencyKey, Outcome, Permission, Receipt, body};
 
 pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -134,28 +134,6 @@ async fn submit(
         Outcome::AlreadyReceived => HttpResponse::Ok().json(receipt),
     };
     Ok((accepted.outcome, response))
-}
-
-#[utoipa::path(get, path = "/v1/plans/{receipt_id}", tag = "reading",
-    params(("receipt_id" = String, Path, description = "The receipt id")),
-    security(("bearer" = [])),
-    responses(
-        (status = 200, description = "The plan with its receipt", body = PlanView),
-        NotYours, Refusals,
-    ))]
-pub async fn get_plan(
-    req: HttpRequest,
-    path: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let plan = readable(
-        &req,
-        &state,
-        path.into_inner(),
-        |intake, login, id, deadline| intake.plan(login, id, deadline),
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(plan))
 }
 
 /// The caller that owns `token`: a login found recently is taken from

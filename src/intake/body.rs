@@ -1,4 +1,4 @@
-//! The door: a request body becomes a [`Submission`] or a list of precise
+//! The body rules: a request body becomes a [`Submission`] or a list of precise
 //! field errors. Past this module a run is never blank and an input never
 //! lacks an id.
 

@@ -1,8 +1,12 @@
-//! The receipts feed: its opaque cursor, its entries and the bounds on a
-//! reader's page and wait.
+//! The receipts feed in the domain: its opaque cursor, its pages and
+//! entries, and the bounds on a reader's page and wait.
 
-use super::receipt::{PlanView, Receipt};
-use crate::storage::plans::FeedPosition;
+use super::read::ReadError;
+use super::receipt::{CorruptRow, PlanView, Receipt};
+use crate::deadline::Deadline;
+use crate::metrics::Metrics;
+use crate::storage::Database;
+use crate::storage::feed::{self as stored, FeedPosition};
 
 /// A place in the feed, handed to readers as an opaque string. The default
 /// is the start of the feed.
@@ -36,6 +40,46 @@ pub enum FeedEntry {
 pub struct Page {
     pub entries: Vec<FeedEntry>,
     pub next: Cursor,
+}
+
+/// The end of the settled feed: a reader starting there misses nothing
+/// still to come and pages through no history.
+pub(super) fn end(db: &Database, deadline: &Deadline) -> Result<Cursor, ReadError> {
+    Ok(Cursor(db.read(deadline, stored::feed_end)?))
+}
+
+/// Up to `limit` receipts after `after`, in feed order; with `expand`,
+/// whole plans. Records how far the feed lags behind its writers.
+pub(super) fn page(
+    db: &Database,
+    metrics: &Metrics,
+    after: Cursor,
+    limit: i64,
+    expand: bool,
+    deadline: &Deadline,
+) -> Result<Page, ReadError> {
+    let (rows, horizon) = db.read(deadline, |conn| stored::feed_page(conn, after.0, limit))?;
+    metrics.set_feed_lag(horizon.lag_seconds);
+    let next = rows
+        .last()
+        .map(|(xid, row)| {
+            Cursor(FeedPosition {
+                xid: *xid,
+                id: row.id,
+            })
+        })
+        .unwrap_or(after);
+    let entries = rows
+        .iter()
+        .map(|(_, row)| -> Result<FeedEntry, CorruptRow> {
+            Ok(if expand {
+                FeedEntry::Plan(PlanView::from_row(row)?)
+            } else {
+                FeedEntry::Receipt(Receipt::from_row(&row.receipt_row(), None)?)
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Page { entries, next })
 }
 
 pub const DEFAULT_LIMIT: i64 = 100;

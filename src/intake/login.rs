@@ -194,6 +194,15 @@ pub(crate) fn find_by_hash(
     Ok((login, conn))
 }
 
+/// A caller signed in to submit: its login, and the hash of the token it
+/// signed in with, which the write checks again in the same step, so a
+/// revocation takes effect at once however the login was found.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub login: Login,
+    pub(super) token_hash: String,
+}
+
 /// Logins recently found active, by token hash: what lets the door refuse a
 /// stranger before reading a body without a lookup for every planner's
 /// request. Only ever a hint: the write checks the token again in its own

@@ -1,7 +1,12 @@
 //! The domain: what a valid submission is, how it is hashed, the submit
-//! flow with its outcomes, who may read what, and logins. Past
+//! flow with its outcomes, who may read what, the feed, and logins. Past
 //! `body::parse` nothing re-checks the input. The door calls in here and
 //! gets domain types back; only this room calls `storage`.
+//!
+//! Every entry point is a method of [`Intake`], below, in five groups:
+//! who is calling, the write, reads by id, the feed, and operations. The
+//! work behind them lives in one module each: `login` (sign-in), `submit`
+//! (the write path), `read` (who may see what), `feed` (pages).
 
 pub mod body;
 pub mod feed;
@@ -17,10 +22,161 @@ pub mod retention;
 pub mod retry;
 pub mod submit;
 
+use tokio::sync::watch;
+
 pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
-pub use login::{Login, LoginError, Permission};
-pub use read::{Caller, ReadError};
+pub use login::{Caller, Login, LoginError, Permission};
+pub use read::{ReadError, Readiness};
 pub use receipt::{PlanView, Receipt};
 pub use retry::RetryPolicy;
-pub use submit::{Accepted, Intake, Outcome, SubmitError};
+pub use submit::{Accepted, Outcome, SubmitError};
+
+use crate::deadline::Deadline;
+use crate::metrics::Metrics;
+use crate::storage::Database;
+use feed::{Cursor, Page};
+use login::KnownLogins;
+
+/// The domain's one facade, for the door and the tools: the database, the
+/// retry policy, the counters and the logins recently found. Cheap to
+/// clone; shared by every worker. Every method but `known_caller` and
+/// `feed_changes` blocks: call it from `web::block`.
+#[derive(Clone)]
+pub struct Intake {
+    pub db: Database,
+    pub retry: RetryPolicy,
+    pub metrics: Metrics,
+    known: std::sync::Arc<KnownLogins>,
+}
+
+impl Intake {
+    pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
+        Self {
+            db,
+            retry,
+            metrics,
+            known: std::sync::Arc::default(),
+        }
+    }
+
+    // Who is calling.
+
+    /// The caller that owns `token`, if a recent lookup found its login
+    /// active: no database work, so the door may ask before it reads a
+    /// body. `None` means "look it up", never "refuse".
+    pub fn known_caller(&self, token: &str) -> Option<Caller> {
+        let token_hash = login::token_hash(token);
+        let login = self.known.get(&token_hash)?;
+        Some(Caller { login, token_hash })
+    }
+
+    /// The caller that owns `token`, if its login is active: one indexed
+    /// lookup, remembered for [`Intake::known_caller`].
+    pub fn sign_in(&self, deadline: &Deadline, token: &str) -> Result<Option<Caller>, ReadError> {
+        let token_hash = login::token_hash(token);
+        let Some(login) = login::find_by_hash(&self.db, deadline, &token_hash)?.0 else {
+            return Ok(None);
+        };
+        self.known.remember(&token_hash, &login);
+        Ok(Some(Caller { login, token_hash }))
+    }
+
+    /// The active login that owns `token`, if any.
+    pub fn authenticate(
+        &self,
+        deadline: &Deadline,
+        token: &str,
+    ) -> Result<Option<Login>, ReadError> {
+        Ok(login::find(&self.db, deadline, token)?.0)
+    }
+
+    // The write.
+
+    /// Keeps `submission` once for a signed-in `caller`, whose token the
+    /// write checks again, giving up at `deadline`.
+    pub fn submit(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        deadline: &Deadline,
+    ) -> Result<Accepted, SubmitError> {
+        let parts = hashing::canonicalize(submission)?;
+        let written = self.write(caller, key, submission, &parts, deadline);
+        if matches!(written, Err(SubmitError::Unauthorized)) {
+            self.known.forget(&caller.token_hash);
+        }
+        written
+    }
+
+    // Reads by id.
+
+    /// The receipt `receipt_id`, if `login` may see it.
+    pub fn receipt(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<Receipt>, ReadError> {
+        read::readable(&self.db, login, receipt_id, deadline)?
+            .map(|row| Receipt::from_row(&row.receipt_row(), None).map_err(Into::into))
+            .transpose()
+    }
+
+    /// The plan behind `receipt_id`, if `login` may see it.
+    pub fn plan(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<PlanView>, ReadError> {
+        read::readable(&self.db, login, receipt_id, deadline)?
+            .map(|row| PlanView::from_row(&row).map_err(Into::into))
+            .transpose()
+    }
+
+    // The feed.
+
+    /// The end of the settled feed (`after=now`).
+    pub fn feed_end(&self, deadline: &Deadline) -> Result<Cursor, ReadError> {
+        feed::end(&self.db, deadline)
+    }
+
+    /// Up to `limit` receipts after `after`, in feed order; with `expand`,
+    /// whole plans.
+    pub fn feed_page(
+        &self,
+        after: Cursor,
+        limit: i64,
+        expand: bool,
+        deadline: &Deadline,
+    ) -> Result<Page, ReadError> {
+        feed::page(&self.db, &self.metrics, after, limit, expand, deadline)
+    }
+
+    /// Changes whenever a plan may have joined the feed, written by this
+    /// instance or (heard by its listener) another. Does not block.
+    pub fn feed_changes(&self) -> watch::Receiver<u64> {
+        self.db.feed_signal().subscribe()
+    }
+
+    // Operations.
+
+    /// Ready to serve: the database answers and no migration is pending;
+    /// and whether an acknowledged plan survives a failover (the gauge
+    /// `plan_intake_commit_waits_for_standby` follows).
+    pub fn readiness(&self, deadline: &Deadline) -> Result<Readiness, ReadError> {
+        let readiness = read::readiness_of(&self.db.readiness(deadline)?);
+        self.metrics
+            .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
+        Ok(readiness)
+    }
+
+    /// Brings the pool's gauges up to date, for a scrape.
+    pub fn record_pool_gauges(&self) {
+        let pool = self.db.pool.state();
+        self.metrics
+            .set_pool(pool.connections, pool.idle_connections, self.db.waiters());
+    }
+}

@@ -1,4 +1,4 @@
-//! Property tests of the door and the hashes, over generated documents.
+//! Property tests of the body rules and the hashes, over generated documents.
 
 use proptest::prelude::*;
 use proptest::test_runner::TestRng;
@@ -151,7 +151,7 @@ proptest! {
     }
 
     #[test]
-    fn no_byte_string_makes_the_door_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+    fn no_byte_string_makes_the_body_rules_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = body::parse(&bytes);
     }
 
@@ -176,7 +176,10 @@ proptest! {
     }
 }
 
-/// A decimal literal's exact value, worked out independently of the door:
+/// Fractions a double holds exactly, written as a literal's tail.
+const EXACT_FRACTIONS: [&str; 8] = ["", ".5", ".25", ".75", ".125", ".375", ".625", ".875"];
+
+/// A decimal literal's exact value, worked out independently of the body rules:
 /// digits without leading or trailing zeros and the power of ten of the last.
 fn exact(text: &str) -> (bool, String, i64) {
     let negative = text.starts_with('-');
@@ -201,7 +204,7 @@ fn exact(text: &str) -> (bool, String, i64) {
 }
 
 proptest! {
-    /// For any number literal: the door refuses it, or what is kept (the
+    /// For any number literal: the body rules refuse it, or what is kept (the
     /// canonical content that is stored and hashed) has exactly its value.
     #[test]
     fn accepted_numbers_are_stored_with_exactly_the_value_sent(
@@ -275,12 +278,72 @@ proptest! {
 
     /// Two bodies that differ only in one number are never the same plan.
     #[test]
-    fn bodies_differing_in_a_number_never_hash_alike(a in "[0-9]{1,20}(\\.[0-9]{1,20})?", b in "[0-9]{1,20}(\\.[0-9]{1,20})?") {
-        prop_assume!(exact(&a) != exact(&b));
+    fn bodies_differing_in_a_number_never_hash_alike(
+        a_int in 0u64..(1 << 40),
+        a_frac in prop::sample::select(EXACT_FRACTIONS.to_vec()),
+        b_int in 0u64..(1 << 40),
+        b_frac in prop::sample::select(EXACT_FRACTIONS.to_vec()),
+    ) {
+        // Numbers every double holds exactly (below 2^40, eighths), so both
+        // bodies must be accepted: a refusal fails the test.
+        let (a, b) = (format!("{a_int}{a_frac}"), format!("{b_int}{b_frac}"));
+        prop_assume!((a_int, a_frac) != (b_int, b_frac));
         let body = |n: &str| format!(r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{{"n":{n}}}}}"#);
-        if let (Ok(x), Ok(y)) = (body::parse(body(&a).as_bytes()), body::parse(body(&b).as_bytes())) {
-            let (x, y) = (hashing::canonicalize(&x).expect("x"), hashing::canonicalize(&y).expect("y"));
-            prop_assert_ne!(x.hashes.content_hash, y.hashes.content_hash);
+        let accepted = |n: &str| {
+            body::parse(body(n).as_bytes()).unwrap_or_else(|e| panic!("{n} was refused: {e:?}"))
+        };
+        let (x, y) = (accepted(&a), accepted(&b));
+        let (x, y) = (hashing::canonicalize(&x).expect("x"), hashing::canonicalize(&y).expect("y"));
+        prop_assert_ne!(x.hashes.content_hash, y.hashes.content_hash);
+    }
+}
+
+/// The number rule against an oracle that shares none of its code:
+/// `tests/fixtures/number_cases.json`, written by Python's `decimal` and
+/// `repr(float)` laid out as ECMAScript does (`number_cases.py`). Each
+/// literal is kept or refused as the oracle says, and a kept one is stored
+/// as exactly the oracle's RFC 8785 text.
+#[test]
+fn numbers_are_kept_or_refused_as_an_independent_oracle_says() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        literal: String,
+        kept: bool,
+        canonical: Option<String>,
+    }
+    let cases: Vec<Case> =
+        serde_json::from_str(include_str!("../../tests/fixtures/number_cases.json"))
+            .expect("the fixture");
+    assert!(cases.len() > 1000 && cases.iter().filter(|c| c.kept).count() > 500);
+    let mut wrong = Vec::new();
+    for case in &cases {
+        let body = format!(
+            r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{{"n":{}}}}}"#,
+            case.literal
+        );
+        let stored = body::parse(body.as_bytes()).ok().map(|submission| {
+            hashing::canonicalize(&submission)
+                .expect("canonical")
+                .content
+        });
+        let expected = case
+            .canonical
+            .as_ref()
+            .map(|text| format!(r#"{{"n":{text}}}"#));
+        match (case.kept, &stored) {
+            (true, Some(content)) if Some(content) == expected.as_ref() => {}
+            (false, None) => {}
+            _ => wrong.push(format!(
+                "{}: oracle {:?}, service {stored:?}",
+                case.literal, expected
+            )),
         }
     }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases differ:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
 }

@@ -4,16 +4,14 @@
 
 use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 
-use super::hashing::{self, CanonicalParts};
-use super::login::KnownLogins;
+use super::hashing::CanonicalParts;
 use super::receipt::CorruptRow;
-use super::retry::RetryPolicy;
-use super::{Caller, IdempotencyKey, Login, Receipt, Submission};
+use super::{Caller, IdempotencyKey, Intake, Login, Receipt, Submission};
 use crate::deadline::Deadline;
-use crate::metrics::{Metrics, UnknownCommitBranch};
+use crate::metrics::UnknownCommitBranch;
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
 use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, Written};
-use crate::storage::{Database, DbConn, StorageError};
+use crate::storage::{DbConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -103,47 +101,9 @@ impl From<diesel::result::Error> for SubmitError {
     }
 }
 
-/// The domain's entry point, for the door and the tools: the write path
-/// (here) and the reads (`read`), with what they need — the database, the
-/// retry policy, the counters and the logins recently found. Cheap to
-/// clone; shared by every worker.
-#[derive(Clone)]
-pub struct Intake {
-    pub db: Database,
-    pub retry: RetryPolicy,
-    pub metrics: Metrics,
-    pub(super) known: std::sync::Arc<KnownLogins>,
-}
-
 impl Intake {
-    pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
-        Self {
-            db,
-            retry,
-            metrics,
-            known: std::sync::Arc::default(),
-        }
-    }
-
-    /// Keeps `submission` once for a signed-in `caller`, whose token the
-    /// write checks again, giving up at `deadline`. Blocking: call from
-    /// `web::block`.
-    pub fn submit(
-        &self,
-        caller: &Caller,
-        key: &IdempotencyKey,
-        submission: &Submission,
-        deadline: &Deadline,
-    ) -> Result<Accepted, SubmitError> {
-        let parts = hashing::canonicalize(submission)?;
-        let written = self.write(caller, key, submission, &parts, deadline);
-        if matches!(written, Err(SubmitError::Unauthorized)) {
-            self.known.forget(&caller.token_hash);
-        }
-        written
-    }
-
-    fn write(
+    /// The write itself, attempt after attempt, for [`Intake::submit`].
+    pub(super) fn write(
         &self,
         caller: &Caller,
         key: &IdempotencyKey,

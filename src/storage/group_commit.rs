@@ -19,6 +19,7 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+#[cfg(feature = "test-seams")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -56,6 +57,8 @@ pub struct WriteQueue {
     /// past the earliest deadline among its writers.
     busy_timeout: Duration,
     /// Test seam: the next batch's leader panics inside its transaction.
+    /// Test seam: the next batch's leader panics mid-transaction.
+    #[cfg(feature = "test-seams")]
     panic_next_batch: AtomicBool,
 }
 
@@ -69,14 +72,29 @@ impl WriteQueue {
             queue: Mutex::default(),
             done: Condvar::new(),
             busy_timeout,
+            #[cfg(feature = "test-seams")]
             panic_next_batch: AtomicBool::new(false),
         }
     }
 
     /// Makes the next batch's leader panic mid-transaction (for tests of
     /// that failure path; nothing else calls it).
+    #[cfg(feature = "test-seams")]
     pub fn panic_in_next_batch(&self) {
         self.panic_next_batch.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a test asked this batch's leader to panic; never in a build
+    /// without the test seams.
+    fn panic_injected(&self) -> bool {
+        #[cfg(feature = "test-seams")]
+        {
+            self.panic_next_batch.swap(false, Ordering::SeqCst)
+        }
+        #[cfg(not(feature = "test-seams"))]
+        {
+            false
+        }
     }
 
     /// Writes `plan` and its key row, in a batch with whatever else is queued.
@@ -155,9 +173,21 @@ impl WriteQueue {
                 .map(|_| Err(WriteFailure::new(copy_error(&error), false)))
                 .collect();
         }
-        let panic_now = self.panic_next_batch.swap(false, Ordering::SeqCst);
+        let panic_now = self.panic_injected();
         match catch_unwind(AssertUnwindSafe(|| write_batch(conn, batch, panic_now))) {
-            Ok(results) => results,
+            Ok(results) => {
+                // The batch's patience was this connection's for the batch
+                // only: the pool hands it on with its configured timeout.
+                if patience != self.busy_timeout
+                    && let Err(error) = conn.batch_execute(&format!(
+                        "PRAGMA busy_timeout = {}",
+                        self.busy_timeout.as_millis()
+                    ))
+                {
+                    tracing::warn!(%error, "could not restore the connection's busy timeout");
+                }
+                results
+            }
             Err(_) => {
                 tracing::error!(
                     writers = batch.len(),
@@ -203,10 +233,9 @@ fn write_batch(
     let mut results: Vec<Option<WriteResult>> = batch.iter().map(|_| None).collect();
     let body_done = Cell::new(false);
     let outcome = conn.immediate_transaction(|c| {
-        assert!(
-            !panic_inside,
-            "injected panic in the group-commit leader (test seam)"
-        );
+        if panic_inside {
+            panic!("injected panic in the group-commit leader (test seam)");
+        }
         for (slot, result) in batch.iter().zip(results.iter_mut()) {
             // A savepoint each: one plan's violation must not undo the others.
             let written = c

@@ -6,7 +6,7 @@ pub mod schema;
 
 pub mod catalog;
 pub mod errors;
-mod feed_signal;
+pub mod feed;
 mod group_commit;
 pub mod logins;
 pub mod migrations;
@@ -16,7 +16,7 @@ mod replication;
 mod scratch;
 
 pub use errors::StorageError;
-pub use feed_signal::{CHANNEL as FEED_CHANNEL_BASE, FeedSignal, channel as feed_channel};
+pub use feed::signal::{CHANNEL as FEED_CHANNEL_BASE, FeedSignal, channel as feed_channel};
 pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
     build_pool, redact,
@@ -91,7 +91,7 @@ impl Database {
         if let DbConn::Postgres(pg) = &mut conn
             && options.feed_listener
         {
-            plans::record_feed_base(pg)?;
+            feed::record_feed_base(pg)?;
             if let DatabaseTarget::Postgres(url) = manager.target() {
                 let durability = replication::commit_durability(pg, false)?;
                 barrier = Some(ReplicationBarrier::start(url.clone(), &durability));
@@ -244,7 +244,7 @@ impl Database {
     /// The write step alone, as a concurrent writer whose read came before
     /// the key row was committed reaches it (SQLite; for tests of what the
     /// write leaves behind when the unique index refuses it).
-    #[doc(hidden)]
+    #[cfg(feature = "test-seams")]
     pub fn write_after_missed_read(
         &self,
         lite: &mut diesel::SqliteConnection,
@@ -262,7 +262,7 @@ impl Database {
 
     /// Makes the next SQLite group-commit batch's leader panic inside its
     /// transaction: the seam for testing that failure path.
-    #[doc(hidden)]
+    #[cfg(feature = "test-seams")]
     pub fn panic_in_next_batch(&self) {
         self.writers.panic_in_next_batch();
     }

@@ -296,11 +296,8 @@ fn the_configuration_table_matches_serve_help() {
         .expect("run");
     let help = String::from_utf8_lossy(&out.stdout);
     let from_help = options_in_help(&help);
-    let guide = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/OPERATIONS.md"
-    ))
-    .expect("docs/OPERATIONS.md");
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
+        .expect("docs/OPERATIONS.md");
     let from_guide = configuration_table(&guide);
     let flags = |options: &[HelpOption]| -> Vec<String> {
         let mut flags: Vec<String> = options.iter().map(|o| o.flag.clone()).collect();

@@ -478,7 +478,7 @@ async fn unrelated_open_transactions_do_not_hold_the_feed_back() {
     let service = app.service().await;
 
     use diesel::Connection;
-    let other_database = crate::support::postgres_base_url().replace("/test", "/postgres");
+    let other_database = crate::support::postgres_url_for("postgres");
     let mut elsewhere = diesel::PgConnection::establish(&other_database).expect("connect");
     elsewhere
         .batch_execute(

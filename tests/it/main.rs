@@ -14,6 +14,7 @@ mod feed;
 mod group_commit;
 mod hostile;
 mod intake;
+mod layers;
 mod operations;
 mod pooler;
 mod privilege;

@@ -34,6 +34,22 @@ pub fn postgres_base_url() -> String {
     std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
 }
 
+/// The configured Postgres URL with `database` in place of its own.
+pub fn postgres_url_for(database: &str) -> String {
+    let mut url = url::Url::parse(&postgres_base_url()).expect("the test Postgres URL parses");
+    url.set_path(&format!("/{database}"));
+    url.to_string()
+}
+
+/// Host and port of the configured Postgres (5432 when it names none).
+pub fn postgres_host_port() -> (String, u16) {
+    let url = url::Url::parse(&postgres_base_url()).expect("the test Postgres URL parses");
+    (
+        url.host_str().unwrap_or("127.0.0.1").to_owned(),
+        url.port().unwrap_or(5432),
+    )
+}
+
 /// Whether Postgres answers; checked once per test run. Skipping is loud,
 /// and a failure when `PLAN_INTAKE_REQUIRE_POSTGRES` is set.
 pub fn postgres_available() -> bool {

@@ -52,12 +52,14 @@ impl PgBouncer {
         std::fs::write(
             bouncer.path("pgbouncer.ini"),
             format!(
-                "[databases]\n{db} = host=127.0.0.1 port=5432 dbname={db}\n\n\
+                "[databases]\n{db} = host={host} port={pg_port} dbname={db}\n\n\
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
                  auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
                  max_client_conn = 400\ndefault_pool_size = 20\n\
                  pidfile = {pid}\nlogfile = {log}\n",
                 db = bouncer.database,
+                host = super::postgres_host_port().0,
+                pg_port = super::postgres_host_port().1,
                 users = bouncer.path("users.txt").display(),
                 pid = bouncer.path("pgbouncer.pid").display(),
                 log = bouncer.path("pgbouncer.log").display(),
@@ -109,7 +111,7 @@ impl PgBouncer {
 
     /// The scratch database straight to Postgres (migrations, checks).
     pub fn direct_url(&self) -> String {
-        super::postgres_base_url().replace("/test", &format!("/{}", self.database))
+        super::postgres_url_for(&self.database)
     }
 
     /// SIGKILL: every client and server connection cut at once; then a new

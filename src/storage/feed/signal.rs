@@ -25,7 +25,7 @@ use std::time::Duration;
 use diesel::{Connection, PgConnection, RunQueryDsl};
 use tokio::sync::watch;
 
-use super::StorageError;
+use crate::storage::StorageError;
 
 /// How often the listener asks its connection for notifications: each ask
 /// is one non-blocking read on the socket.

@@ -1,34 +1,13 @@
-//! `GET /v1/receipts/{receipt_id}` and the access rule shared with plans.
+//! The receipts feed: `GET /v1/receipts?after=…&limit=…&wait=…&expand=plan`,
+//! with the long poll that waits for the next receipt.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use super::problem::{NotYours, Problem, Refusals};
+use super::problem::{Problem, Refusals};
 use super::{ApiError, AppState, auth};
 use crate::deadline::Deadline;
+use crate::intake::Permission;
 use crate::intake::feed::{self, Cursor, FeedEntry};
-use crate::intake::{Intake, Login, Permission, ReadError, Receipt};
-
-#[utoipa::path(get, path = "/v1/receipts/{receipt_id}", tag = "reading",
-    params(("receipt_id" = String, Path, description = "The receipt id")),
-    security(("bearer" = [])),
-    responses(
-        (status = 200, description = "The receipt as stored", body = Receipt),
-        NotYours, Refusals,
-    ))]
-pub async fn get_receipt(
-    req: HttpRequest,
-    path: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let receipt = readable(
-        &req,
-        &state,
-        path.into_inner(),
-        |intake, login, id, deadline| intake.receipt(login, id, deadline),
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(receipt))
-}
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -134,29 +113,4 @@ async fn read_or_wait(
         }
         deadline = Deadline::after(state.http.request_timeout);
     }
-}
-
-/// Reads something by receipt id for an authenticated caller who may read
-/// receipts at all; what it may see is the domain's rule. Not visible: 404,
-/// the same as not there.
-pub(super) async fn readable<T: Send + 'static>(
-    req: &HttpRequest,
-    state: &AppState,
-    receipt_id: String,
-    read: impl FnOnce(&Intake, &Login, &str, &Deadline) -> Result<Option<T>, ReadError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let login = auth::authenticate(req, state).await?;
-    if !login.has(Permission::ReceiptsRead) && !login.has(Permission::PlansSubmit) {
-        return Err(ApiError::Forbidden(format!(
-            "login `{}` may not read receipts",
-            login.name
-        )));
-    }
-    let deadline = super::deadline::of(req, state);
-    state
-        .blocking(deadline, move |intake| {
-            read(intake, &login, &receipt_id, &deadline)
-        })
-        .await?
-        .ok_or(ApiError::NotFound)
 }

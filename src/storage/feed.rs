@@ -1,0 +1,166 @@
+//! The receipts feed in the database: positions, the horizon below which
+//! they are settled, pages in feed order, the feed's invariant (`verify`),
+//! and (`signal`) what wakes readers waiting for the next receipt.
+//! How positions are made is in ARCHITECTURE.md, "The receipts feed".
+
+pub mod signal;
+
+use diesel::prelude::*;
+
+use super::DbConn;
+use super::plans::PlanRow;
+use super::schema::plans;
+use crate::with_conn;
+
+/// A place in the receipts feed: the `(feed_xid, id)` of the last plan read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FeedPosition {
+    pub xid: i64,
+    pub id: i64,
+}
+
+/// Records this cluster's feed base in a statement of its own (committed at
+/// once), so that after a restore into another cluster no writer makes the
+/// others wait while it records it inside its own transaction.
+pub fn record_feed_base(pg: &mut diesel::PgConnection) -> QueryResult<()> {
+    diesel::sql_query("SELECT plan_intake_feed_base(true)")
+        .execute(pg)
+        .map(|_| ())
+}
+
+/// Where the settled part of the feed ends, and how far behind it is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Horizon {
+    /// Positions below this are settled for good; `None` (SQLite): every
+    /// committed plan is.
+    pub below: Option<i64>,
+    /// Age of the oldest write still holding the feed back, in seconds.
+    pub lag_seconds: f64,
+}
+
+/// Postgres: the lowest position a plan still being written can take (see
+/// `plan_intake_feed_horizon`, migration `…_feed_positions_by_cluster`).
+/// Only writers of `plans` count, so unrelated transactions anywhere in the
+/// cluster (other databases, idle sessions, batch jobs) hold nothing back.
+/// It must be read in a statement of its own, before the page: a writer
+/// that left pg_locks by then has committed and is visible to the page's
+/// newer snapshot, so no late commit is ever skipped. SQLite commits one
+/// writer at a time in id order: every committed plan is settled.
+pub fn feed_horizon(conn: &mut DbConn) -> QueryResult<Horizon> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        horizon: i64,
+        #[diesel(sql_type = diesel::sql_types::Double)]
+        lag_seconds: f64,
+    }
+    match conn {
+        DbConn::Postgres(pg) => {
+            let found =
+                diesel::sql_query("SELECT horizon, lag_seconds FROM plan_intake_feed_horizon()")
+                    .get_result::<Found>(pg)?;
+            Ok(Horizon {
+                below: Some(found.horizon),
+                lag_seconds: found.lag_seconds,
+            })
+        }
+        DbConn::Sqlite(_) => Ok(Horizon {
+            below: None,
+            lag_seconds: 0.0,
+        }),
+    }
+}
+
+/// The position of the last settled plan: a reader starting there misses
+/// nothing still to come, and pages through no history.
+pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
+    let last: Option<(i64, i64)> = with_conn!(conn, c => plans::table
+        .filter(plans::feed_xid.lt(below))
+        .order((plans::feed_xid.desc(), plans::id.desc()))
+        .select((plans::feed_xid, plans::id))
+        .first(c)
+        .optional())?;
+    Ok(last
+        .map(|(xid, id)| FeedPosition { xid, id })
+        .unwrap_or_default())
+}
+
+/// Up to `limit` settled plans after `after`, in feed order `(feed_xid,
+/// id)`, and the horizon they were read under. Any plan still to commit
+/// takes a position at or above the horizon, so it sorts after everything
+/// returned, and a reader following the cursor never skips one, even when
+/// ids commit out of order.
+pub fn feed_page(
+    conn: &mut DbConn,
+    after: FeedPosition,
+    limit: i64,
+) -> QueryResult<(Vec<(i64, PlanRow)>, Horizon)> {
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
+    use diesel::sql_types::{BigInt, Bool};
+    let rows = match conn {
+        // A row comparison: one range on `plans_feed_ix` in every plan. The
+        // equivalent `a > x OR (a = x AND b > y)` made Postgres's generic
+        // plan scan the index from its start (30 ms at 60k plans, growing
+        // with the table).
+        DbConn::Postgres(pg) => plans::table
+            .filter(
+                diesel::dsl::sql::<Bool>("(feed_xid, id) > (")
+                    .bind::<BigInt, _>(after.xid)
+                    .sql(", ")
+                    .bind::<BigInt, _>(after.id)
+                    .sql(")"),
+            )
+            .filter(plans::feed_xid.lt(below))
+            .order((plans::feed_xid.asc(), plans::id.asc()))
+            .limit(limit)
+            .select((plans::feed_xid, PlanRow::as_select()))
+            .load(pg)?,
+        // SQLite plans this form as a range on the index; there feed_xid
+        // is 0 and the order is id's.
+        DbConn::Sqlite(lite) => plans::table
+            .filter(
+                plans::feed_xid
+                    .gt(after.xid)
+                    .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
+            )
+            .filter(plans::feed_xid.lt(below))
+            .order((plans::feed_xid.asc(), plans::id.asc()))
+            .limit(limit)
+            .select((plans::feed_xid, PlanRow::as_select()))
+            .load(lite)?,
+    };
+    Ok((rows, horizon))
+}
+
+/// The feed's invariant: every stored position is behind what the next
+/// write would get, so new receipts sort after every cursor already handed
+/// out. `Err((highest stored, next))` when broken (Postgres: positions
+/// written past this cluster's base, say by hand). SQLite orders by `id`,
+/// which AUTOINCREMENT never reuses.
+pub fn feed_invariant(conn: &mut DbConn) -> QueryResult<Result<(), (i64, i64)>> {
+    #[derive(QueryableByName)]
+    struct Positions {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        highest: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        next: i64,
+    }
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(Ok(()));
+    };
+    let found = diesel::sql_query(
+        "SELECT COALESCE(MAX(feed_xid), 0) AS highest,
+                pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+                    + plan_intake_feed_base(false) AS next
+           FROM plans",
+    )
+    .get_result::<Positions>(pg)?;
+    Ok(if found.highest < found.next {
+        Ok(())
+    } else {
+        Err((found.highest, found.next))
+    })
+}
