@@ -119,7 +119,9 @@ impl Intake {
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<Receipt>, ReadError> {
-        read::readable(&self.db, login, receipt_id, deadline)?
+        let found = read::readable(&self.db, login, receipt_id, deadline)?;
+        self.replicated_if_found(found.as_ref(), deadline)?;
+        found
             .map(|row| Receipt::from_row(&row.receipt_row(), None).map_err(Into::into))
             .transpose()
     }
@@ -131,7 +133,9 @@ impl Intake {
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<PlanView>, ReadError> {
-        read::readable(&self.db, login, receipt_id, deadline)?
+        let found = read::readable(&self.db, login, receipt_id, deadline)?;
+        self.replicated_if_found(found.as_ref(), deadline)?;
+        found
             .map(|row| PlanView::from_row(&row).map_err(Into::into))
             .transpose()
     }
@@ -144,7 +148,8 @@ impl Intake {
     }
 
     /// Up to `limit` receipts after `after`, in feed order; with `expand`,
-    /// whole plans.
+    /// whole plans. A page that holds any is answered once they are on the
+    /// synchronous standby, like every receipt the service hands out.
     pub fn feed_page(
         &self,
         after: Cursor,
@@ -152,7 +157,9 @@ impl Intake {
         expand: bool,
         deadline: &Deadline,
     ) -> Result<Page, ReadError> {
-        feed::page(&self.db, &self.metrics, after, limit, expand, deadline)
+        let page = feed::page(&self.db, &self.metrics, after, limit, expand, deadline)?;
+        self.replicated_if_found(page.entries.first(), deadline)?;
+        Ok(page)
     }
 
     /// Changes whenever a plan may have joined the feed, written by this
@@ -171,6 +178,21 @@ impl Intake {
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         Ok(readiness)
+    }
+
+    /// When something was read, waits until it is on the synchronous
+    /// standby (`storage::replication`): a plan whose commit wait was cut
+    /// short is visible on the primary before the standby has it, and a
+    /// reader must not act on what a failover would take back.
+    fn replicated_if_found<T>(
+        &self,
+        read: Option<T>,
+        deadline: &Deadline,
+    ) -> Result<(), ReadError> {
+        if read.is_some() {
+            self.db.await_replicated(deadline)?;
+        }
+        Ok(())
     }
 
     /// Brings the pool's gauges up to date, for a scrape.

@@ -118,19 +118,34 @@ pub fn feed_page(
             .limit(limit)
             .select((plans::feed_xid, PlanRow::as_select()))
             .load(pg)?,
-        // SQLite plans this form as a range on the index; there feed_xid
-        // is 0 and the order is id's.
-        DbConn::Sqlite(lite) => plans::table
-            .filter(
-                plans::feed_xid
-                    .gt(after.xid)
-                    .or(plans::feed_xid.eq(after.xid).and(plans::id.gt(after.id))),
-            )
-            .filter(plans::feed_xid.lt(below))
-            .order((plans::feed_xid.asc(), plans::id.asc()))
-            .limit(limit)
-            .select((plans::feed_xid, PlanRow::as_select()))
-            .load(lite)?,
+        // SQLite seeks the index only on its first column for either form
+        // of "after (x, y)" (measured: a page 290k plans deep scanned all
+        // of them, 50 ms); split, each half is a seek: the rest of x's
+        // positions, then the positions past x (none on SQLite, where
+        // feed_xid is 0 and the order is id's).
+        DbConn::Sqlite(lite) => {
+            let mut rows: Vec<(i64, PlanRow)> = plans::table
+                .filter(plans::feed_xid.eq(after.xid))
+                .filter(plans::id.gt(after.id))
+                .filter(plans::feed_xid.lt(below))
+                .order((plans::feed_xid.asc(), plans::id.asc()))
+                .limit(limit)
+                .select((plans::feed_xid, PlanRow::as_select()))
+                .load(lite)?;
+            let missing = limit - rows.len() as i64;
+            if missing > 0 {
+                rows.extend(
+                    plans::table
+                        .filter(plans::feed_xid.gt(after.xid))
+                        .filter(plans::feed_xid.lt(below))
+                        .order((plans::feed_xid.asc(), plans::id.asc()))
+                        .limit(missing)
+                        .select((plans::feed_xid, PlanRow::as_select()))
+                        .load::<(i64, PlanRow)>(lite)?,
+                );
+            }
+            rows
+        }
     };
     Ok((rows, horizon))
 }

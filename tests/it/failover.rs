@@ -310,15 +310,15 @@ fn pooled_connections_to_a_primary_turned_read_only_are_discarded() {
 /// A synchronous standby that stops taking WAL (its walreceiver SIGSTOPped)
 /// and a write whose commit waits for it, terminated by
 /// `pg_terminate_backend`: the commit stays visible on the primary, but the
-/// service acknowledges neither it nor a replay of it (503, within the
-/// deadline); after the failover it is gone, every plan acknowledged before
+/// service acknowledges neither it nor a replay of it, nor hands it to the
+/// feed's reader (503, within the deadline); after the failover it is gone, every plan acknowledged before
 /// is there, and the request resent with its key lands once.
 #[test]
 fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
     let Some(SyncPair {
         primary,
         standby,
-        url: _,
+        url,
         token,
         service,
     }) = sync_pair()
@@ -329,6 +329,9 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
     let acknowledged: Vec<String> = (0..10)
         .map(|i| create_through_failover(&service.addr, &token, &format!("before-{i}")))
         .collect();
+    let reader = login(&url, "orders", "receipts:read");
+    let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=1000");
+    assert_eq!(status, 200, "the feed before the stall: {page}");
     // A replay before the stall is answered as usual.
     let (status, _) = post_plan(
         &agent,
@@ -369,6 +372,11 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
     let (status, answer) =
         post_plan(&agent, &service.addr, &token, "k-stalled", &body).expect("an answer");
     assert_eq!(status, 503, "a replay of it was acknowledged: {answer}");
+    let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=1000");
+    assert_eq!(
+        status, 503,
+        "the feed handed out a receipt the standby lacks: {page}"
+    );
 
     // The link is cut: the primary is gone, and so is what the standby's
     // receiver held unwritten (the standby restarts its recovery).
