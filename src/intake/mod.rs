@@ -120,7 +120,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<Receipt>, ReadError> {
         let found = read::readable(&self.db, login, receipt_id, deadline)?;
-        self.replicated_if_found(found.as_ref(), deadline)?;
+        if found.is_some() {
+            self.db.await_replicated(deadline)?;
+        }
         found
             .map(|row| Receipt::from_row(&row.receipt_row(), None).map_err(Into::into))
             .transpose()
@@ -134,7 +136,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<PlanView>, ReadError> {
         let found = read::readable(&self.db, login, receipt_id, deadline)?;
-        self.replicated_if_found(found.as_ref(), deadline)?;
+        if found.is_some() {
+            self.db.await_replicated(deadline)?;
+        }
         found
             .map(|row| PlanView::from_row(&row).map_err(Into::into))
             .transpose()
@@ -158,7 +162,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Page, ReadError> {
         let page = feed::page(&self.db, &self.metrics, after, limit, expand, deadline)?;
-        self.replicated_if_found(page.entries.first(), deadline)?;
+        if !page.entries.is_empty() {
+            self.db.await_replicated(deadline)?;
+        }
         Ok(page)
     }
 
@@ -178,21 +184,6 @@ impl Intake {
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         Ok(readiness)
-    }
-
-    /// When something was read, waits until it is on the synchronous
-    /// standby (`storage::replication`): a plan whose commit wait was cut
-    /// short is visible on the primary before the standby has it, and a
-    /// reader must not act on what a failover would take back.
-    fn replicated_if_found<T>(
-        &self,
-        read: Option<T>,
-        deadline: &Deadline,
-    ) -> Result<(), ReadError> {
-        if read.is_some() {
-            self.db.await_replicated(deadline)?;
-        }
-        Ok(())
     }
 
     /// Brings the pool's gauges up to date, for a scrape.

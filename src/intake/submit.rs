@@ -135,7 +135,8 @@ impl Intake {
                     plan: row,
                 }) => {
                     let replay = replay_or_refuse(&request_hash, &plan, &row)?;
-                    return self.once_replicated(replay, deadline);
+                    self.db.await_replicated(deadline)?;
+                    return Ok(replay);
                 }
                 // Only this request's key row was written, for the kept plan.
                 Ok(Written::AlreadyReceived(row)) => {
@@ -158,30 +159,33 @@ impl Intake {
                 FailureClass::Conflict => {
                     let resolved = resolve_conflict(&mut conn, &plan, key, error)?;
                     drop(conn);
-                    return self.once_replicated(resolved, deadline);
-                }
-                FailureClass::Transient(TransientCause::ReadOnlyNode) if read_only_left > 0 => {
-                    read_only_left -= 1;
-                    attempt -= 1;
-                    crate::storage::discard(&mut conn);
-                    drop(conn);
-                    self.metrics.retry(TransientCause::ReadOnlyNode.as_str());
-                    tracing::warn!(maker = %login.name, key = key.as_str(), %error, "the database server is read-only now; retrying on a new connection");
+                    self.db.await_replicated(deadline)?;
+                    return Ok(resolved);
                 }
                 FailureClass::Transient(cause) => {
-                    if cause == TransientCause::ReadOnlyNode {
+                    let read_only = cause == TransientCause::ReadOnlyNode;
+                    if read_only {
+                        // Only a new connection finds the primary.
                         crate::storage::discard(&mut conn);
                     }
                     // A broken connection goes back and is discarded by the pool.
                     drop(conn);
-                    self.back_off(cause, error, deadline, &log)?;
+                    if read_only && read_only_left > 0 {
+                        read_only_left -= 1;
+                        attempt -= 1;
+                        self.metrics.retry(cause.as_str());
+                        tracing::warn!(maker = %login.name, key = key.as_str(), %error, "the database server is read-only now; retrying on a new connection");
+                    } else {
+                        self.back_off(cause, error, deadline, &log)?;
+                    }
                 }
                 FailureClass::UnknownOutcome => {
                     drop(conn);
                     if let Some(accepted) =
                         self.after_unknown_commit(&log, &plan, error, deadline, reinsert_allowed)?
                     {
-                        return self.once_replicated(accepted, deadline);
+                        self.db.await_replicated(deadline)?;
+                        return Ok(accepted);
                     }
                     reinsert_allowed = false;
                 }
@@ -192,20 +196,6 @@ impl Intake {
                 }
             }
         }
-    }
-
-    /// `accepted`, once the plan it names is on the synchronous standby: it
-    /// was read, not committed by this request, and its own commit may have
-    /// been cut short while it waited for the standby (see
-    /// `storage::replication`). A 503 at the deadline, never an answer that
-    /// a failover could take back.
-    fn once_replicated(
-        &self,
-        accepted: Accepted,
-        deadline: &Deadline,
-    ) -> Result<Accepted, SubmitError> {
-        self.db.await_replicated(deadline)?;
-        Ok(accepted)
     }
 
     /// A COMMIT whose outcome is unknown: the plan as it landed, or `None`
