@@ -72,12 +72,7 @@ fn a_flooding_planner_cannot_starve_another(db: TestDb) {
     );
     let throttled = flood.iter().filter(|s| **s == 429).count();
     assert!(throttled > 0, "64 connections never met a share of 4");
-    let metrics = client()
-        .get(&format!("http://{}/metrics", server.addr))
-        .call()
-        .expect("metrics")
-        .into_string()
-        .expect("text");
+    let metrics = server.metrics_text();
     assert!(
         metrics.contains(&format!(
             "plan_intake_outcomes_total{{outcome=\"throttled\"}} {throttled}"

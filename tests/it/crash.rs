@@ -6,7 +6,7 @@
 
 use crate::support::cluster::TempCluster;
 use crate::support::load::{Load, assert_each_answered, every_acknowledged_plan_is_kept_once};
-use crate::support::process::{ServeProcess, run_cli_at};
+use crate::support::process::{ServeProcess, login_via_cli};
 
 const CLIENTS: usize = 8;
 const CRASHES: usize = 5;
@@ -18,11 +18,7 @@ fn postgres_restarted_in_immediate_mode_under_load_keeps_every_receipt_once() {
     };
     let url = cluster.url("postgres");
     let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
-    let token = run_cli_at(
-        &url,
-        &["logins", "add", "planner-a", "--permission", "plans:submit"],
-    );
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_owned();
+    let token = login_via_cli(&url, "planner-a", "plans:submit");
 
     let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
     for _ in 0..CRASHES {

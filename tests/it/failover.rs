@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::support::cluster::TempCluster;
 use crate::support::load::{Load, assert_each_answered, every_acknowledged_plan_is_kept_once};
 use crate::support::plan_body;
-use crate::support::process::{ServeProcess, client, get, post_plan, run_cli_at};
+use crate::support::process::{ServeProcess, client, get, login_via_cli, post_plan, run_cli_at};
 
 const CLIENTS: usize = 8;
 
@@ -54,7 +54,7 @@ fn sync_pair() -> Option<SyncPair> {
         "sync",
     );
     let url = multi_host_url(&primary, &standby);
-    let token = login(&url, "planner-a", "plans:submit");
+    let token = login_via_cli(&url, "planner-a", "plans:submit");
     let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
     Some(SyncPair {
         primary,
@@ -88,16 +88,6 @@ fn multi_host_url(primary: &TempCluster, standby: &TempCluster) -> String {
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/intake?target_session_attrs=read-write",
         primary.port, standby.port
     )
-}
-
-fn login(url: &str, name: &str, permission: &str) -> String {
-    let out = run_cli_at(url, &["logins", "add", name, "--permission", permission]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 #[test]
@@ -154,12 +144,7 @@ fn assert_durability_told(service: &ServeProcess, waits: bool) {
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["commit_waits_for_standby"], waits, "{ready}");
     assert_eq!(ready.get("warning").is_some(), !waits, "{ready}");
-    let metrics = client()
-        .get(&format!("http://{}/metrics", service.addr))
-        .call()
-        .expect("metrics")
-        .into_string()
-        .expect("text");
+    let metrics = service.metrics_text();
     let gauge = format!("plan_intake_commit_waits_for_standby {}", u8::from(waits));
     assert!(metrics.lines().any(|l| l == gauge), "no `{gauge}`");
 }
@@ -181,20 +166,26 @@ fn get_through_failover(addr: &str, token: &str, path: &str) -> Value {
     }
 }
 
-/// POSTs a new plan until it is answered 201; its receipt id.
-fn create_through_failover(addr: &str, token: &str, run: &str) -> String {
+/// POSTs `body` under `key` until the answer is neither a 503 nor no
+/// answer at all (the service finding the new primary), for up to 60 s.
+fn post_through_failover(addr: &str, token: &str, key: &str, body: &str) -> (u16, Value) {
     let agent = client();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let answer = post_plan(&agent, addr, token, run, &plan_body(run, run));
-        match answer {
-            Ok((201, receipt)) => return receipt["receipt_id"].as_str().expect("id").to_owned(),
+        match post_plan(&agent, addr, token, key, body) {
             Ok((503, _)) | Err(_) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            other => panic!("{run}: {other:?}"),
+            other => return other.expect("an answer within 60 s"),
         }
     }
+}
+
+/// A new plan of run `run` (its key too), answered 201; its receipt id.
+fn create_through_failover(addr: &str, token: &str, run: &str) -> String {
+    let (status, receipt) = post_through_failover(addr, token, run, &plan_body(run, run));
+    assert_eq!(status, 201, "{run}: {receipt}");
+    receipt["receipt_id"].as_str().expect("id").to_owned()
 }
 
 /// Reads from `cursor` (`None`: the start) to the feed's current end; the
@@ -227,8 +218,8 @@ fn after_a_failover_to_a_standby_that_was_behind_the_feed_skips_nothing_new() {
         return;
     };
     let url = multi_host_url(&primary, &standby);
-    let planner = login(&url, "planner-a", "plans:submit");
-    let reader = login(&url, "orders", "receipts:read");
+    let planner = login_via_cli(&url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&url, "orders", "receipts:read");
     let service = ServeProcess::start(&url);
     assert_durability_told(&service, false);
     for i in 0..20 {
@@ -278,7 +269,7 @@ fn pooled_connections_to_a_primary_turned_read_only_are_discarded() {
         return;
     };
     let url = multi_host_url(&primary, &standby);
-    let token = login(&url, "planner-a", "plans:submit");
+    let token = login_via_cli(&url, "planner-a", "plans:submit");
     let service = ServeProcess::start(&url);
     // Every pooled connection open, on the old primary.
     let load = Load::start(CLIENTS, &token, |_| service.addr.clone());
@@ -329,7 +320,7 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
     let acknowledged: Vec<String> = (0..10)
         .map(|i| create_through_failover(&service.addr, &token, &format!("before-{i}")))
         .collect();
-    let reader = login(&url, "orders", "receipts:read");
+    let reader = login_via_cli(&url, "orders", "receipts:read");
     let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=1000");
     assert_eq!(status, 200, "the feed before the stall: {page}");
     // A replay before the stall is answered as usual.
@@ -403,16 +394,7 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
         "0",
         "the standby never had it"
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (status, answer) = loop {
-        let answer = post_plan(&agent, &service.addr, &token, "k-stalled", &body);
-        match answer {
-            Ok((503, _)) | Err(_) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            other => break other.expect("an answer"),
-        }
-    };
+    let (status, answer) = post_through_failover(&service.addr, &token, "k-stalled", &body);
     assert_eq!(status, 201, "{answer}");
     assert_eq!(
         standby.psql_in(

@@ -119,13 +119,8 @@ fn receipt_printed_by(submit: &mut Child) -> Value {
 }
 
 /// Requests the service has answered on `POST /v1/plans`, by status, from `/metrics`.
-fn plan_posts(addr: &str) -> Vec<(String, u64)> {
-    let text = client()
-        .get(&format!("http://{addr}/metrics"))
-        .call()
-        .expect("metrics")
-        .into_string()
-        .expect("metrics text");
+fn plan_posts(server: &ServeProcess) -> Vec<(String, u64)> {
+    let text = server.metrics_text();
     let prefix = "plan_intake_http_request_duration_seconds_count{route=\"/v1/plans\",status=\"";
     text.lines()
         .filter_map(|line| line.strip_prefix(prefix))
@@ -242,7 +237,7 @@ fn refusals_are_final(scratch: TestDb) {
         stderr.contains("422") && stderr.contains("run_id"),
         "{stderr}"
     );
-    assert_eq!(plan_posts(&server.addr), vec![("422".to_owned(), 1)]);
+    assert_eq!(plan_posts(&server), vec![("422".to_owned(), 1)]);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let file = request_file(&dir, "run-denied");

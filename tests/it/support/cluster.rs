@@ -141,10 +141,7 @@ impl TempCluster {
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
             .max()
             .ok_or("no Postgres version installed")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let port = super::process::free_port();
         let name = format!(
             "pi_{}_{:06x}",
             std::process::id(),

@@ -39,10 +39,7 @@ impl PgBouncer {
             .batch_execute(&format!("CREATE DATABASE {database}"))
             .expect("create the scratch database");
         let dir = tempfile::tempdir().expect("dir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::process::free_port();
         let bouncer = Self {
             dir,
             port,

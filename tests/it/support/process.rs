@@ -25,6 +25,17 @@ pub fn run_cli_at(url: &str, args: &[&str]) -> std::process::Output {
         .expect("run plan-intake")
 }
 
+/// `plan-intake logins add NAME --permission P` against `url`: the token.
+pub fn login_via_cli(url: &str, name: &str, permission: &str) -> String {
+    let out = run_cli_at(url, &["logins", "add", name, "--permission", permission]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// A running `plan-intake serve` on a port the OS picked.
 pub struct ServeProcess {
     child: Child,
@@ -122,6 +133,16 @@ impl ServeProcess {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
             .map_or(0.0, |kb| kb / 1024.0)
+    }
+
+    /// The service's `/metrics`, as Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        client()
+            .get(&format!("http://{}/metrics", self.addr))
+            .call()
+            .expect("metrics")
+            .into_string()
+            .expect("metrics text")
     }
 
     /// SIGKILL: no shutdown, no flush, transactions cut wherever they are.
