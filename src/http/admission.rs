@@ -22,16 +22,16 @@ pub struct Admission {
 }
 
 /// One per CPU but one, at least one: parsing is CPU-bound, so more at once
-/// gains nothing, while each holds its parsed tree (about 100 times its
-/// body's size for a body of tiny objects) in memory; and one CPU stays
-/// free for the async workers, so `/healthz` and small requests are
-/// answered meanwhile.
+/// gains nothing but memory (each holds its body, its canonical text and
+/// the row being written: a few times its size); and one CPU stays free
+/// for the async workers, so `/healthz` and small requests are answered
+/// meanwhile.
 pub fn large_parses_at_once() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
 }
 
-/// Bodies up to this size are parsed without waiting for a turn: their
-/// trees are small.
+/// Bodies up to this size are parsed without waiting for a turn: they
+/// cost little CPU and memory.
 pub const LARGE_BODY: usize = 64 * 1024;
 
 /// A turn to parse and write one large body, held until dropped.

@@ -103,7 +103,7 @@ async fn submit(
         .await
         .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
     *body_read = true;
-    // A large body waits for its turn, so that few parsed trees are held
+    // A large body waits for its turn, so that few are parsed and held
     // at once; past the deadline, 503.
     let turn = state
         .admission

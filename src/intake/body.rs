@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use unicode_general_category::{GeneralCategory, get_general_category};
 use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKind};
 
-use super::ijson::{self, JsonError};
+use super::ijson::{self, JsonError, Members};
 
 pub const MAX_RUN_ID_CHARS: usize = 200;
 pub const MAX_INPUT_ID_CHARS: usize = 256;
@@ -61,7 +61,8 @@ pub struct ApprovedInput {
 pub struct Submission {
     pub run_id: RunId,
     pub approved_inputs: Vec<ApprovedInput>,
-    pub content: Map<String, Value>,
+    /// The content object in its RFC 8785 form, as it is stored and hashed.
+    pub content: String,
 }
 
 impl Submission {
@@ -117,51 +118,30 @@ struct ApprovedInputBody {
 }
 
 pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
-    let value = ijson::parse(bytes).map_err(|e| match e {
-        JsonError::Syntax(message) => {
-            BodyError::Malformed(format!("body is not valid JSON: {message}"))
-        }
-        JsonError::NotIJson { path, message } => BodyError::Invalid(vec![FieldError {
-            field: if path.is_empty() {
-                WHOLE_BODY.to_owned()
-            } else {
-                path
-            },
-            message: format!("not I-JSON (RFC 7493): {message}"),
-        }]),
-    })?;
-    let Value::Object(mut fields) = value else {
+    // One pass: the content, however large, becomes its RFC 8785 text as it
+    // is read (no tree); the two small fields become values for the rules
+    // below, with an empty object standing in for the content.
+    let parsed = ijson::parse_members(bytes, &["run_id", "approved_inputs"], "content")
+        .map_err(json_error)?;
+    let Members::Object {
+        kept: mut fields,
+        canonical: content,
+    } = parsed
+    else {
         return Err(invalid(WHOLE_BODY, "body must be a JSON object"));
     };
-    // The content, however large, is moved out rather than rebuilt by the
-    // derive: an empty object stands in for it while the rest is checked.
-    let content = match fields.remove("content") {
-        Some(Value::Object(content)) => {
-            fields.insert("content".to_owned(), Value::Object(Map::new()));
-            Some(content)
-        }
-        other => {
-            if let Some(other) = other {
-                fields.insert("content".to_owned(), other);
-            }
-            None
-        }
-    };
-    let body: PlanBody = serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." {
-            WHOLE_BODY.to_owned()
-        } else {
-            field
-        };
-        invalid(&field, &e.into_inner().to_string())
-    })?;
-    body.validate()
-        .map_err(|errors| BodyError::Invalid(flatten(&errors)))?;
-    let (Some(run_id), Some(inputs), Some(content)) =
-        (body.run_id, body.approved_inputs, content.or(body.content))
+    if content.is_some() {
+        fields.insert("content".to_owned(), Value::Object(Map::new()));
+    }
+    submission(check_fields(fields)?, content)
+}
+
+/// The checked fields and the canonical content as a [`Submission`].
+fn submission(body: PlanBody, content: Option<String>) -> Result<Submission, BodyError> {
+    let (Some(run_id), Some(inputs), Some(content)) = (body.run_id, body.approved_inputs, content)
     else {
-        // `validate` refused every missing field above; this arm is unreachable.
+        // `validate` refused every missing field, and a content that is not
+        // an object failed to deserialize; this arm is unreachable.
         return Err(invalid(
             WHOLE_BODY,
             "run_id, approved_inputs and content are required",
@@ -178,6 +158,63 @@ pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
             .collect(),
         content,
     })
+}
+
+fn json_error(e: JsonError) -> BodyError {
+    match e {
+        JsonError::Syntax(message) => {
+            BodyError::Malformed(format!("body is not valid JSON: {message}"))
+        }
+        JsonError::NotIJson { path, message } => BodyError::Invalid(vec![FieldError {
+            field: if path.is_empty() {
+                WHOLE_BODY.to_owned()
+            } else {
+                path
+            },
+            message: format!("not I-JSON (RFC 7493): {message}"),
+        }]),
+    }
+}
+
+/// The rules for the top-level fields (the content stands in as an object).
+fn check_fields(fields: Map<String, Value>) -> Result<PlanBody, BodyError> {
+    let body: PlanBody = serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." {
+            WHOLE_BODY.to_owned()
+        } else {
+            field
+        };
+        invalid(&field, &e.into_inner().to_string())
+    })?;
+    body.validate()
+        .map_err(|errors| BodyError::Invalid(flatten(&errors)))?;
+    Ok(body)
+}
+
+/// What `parse` did before it built no tree: the whole body as a `Value`,
+/// the content canonicalized by the crate. The reference the one-pass
+/// parse is compared with (`properties.rs`), answer for answer.
+#[cfg(test)]
+pub(super) fn parse_with_a_tree(bytes: &[u8]) -> Result<Submission, BodyError> {
+    let Value::Object(mut fields) = ijson::parse(bytes).map_err(json_error)? else {
+        return Err(invalid(WHOLE_BODY, "body must be a JSON object"));
+    };
+    let content = match fields.remove("content") {
+        Some(Value::Object(content)) => {
+            fields.insert("content".to_owned(), Value::Object(Map::new()));
+            Some(content)
+        }
+        other => {
+            if let Some(other) = other {
+                fields.insert("content".to_owned(), other);
+            }
+            None
+        }
+    };
+    let content =
+        content.map(|content| serde_json_canonicalizer::to_string(&content).expect("canonical"));
+    submission(check_fields(fields)?, content)
 }
 
 fn invalid(field: &str, message: &str) -> BodyError {

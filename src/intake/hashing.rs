@@ -14,29 +14,51 @@ pub struct Hashes {
 
 /// The submission's parts as canonical JSON text, stored as the plan's columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CanonicalParts {
+pub struct CanonicalParts<'a> {
     pub approved_inputs: String,
-    pub content: String,
+    pub content: &'a str,
     pub hashes: Hashes,
 }
 
-pub fn canonicalize(submission: &Submission) -> Result<CanonicalParts, serde_json::Error> {
-    // Each part is canonicalized once, by the crate. The two documents are
-    // then composed from those parts: RFC 8785 output of an object is its
-    // members sorted by name, each `"name":value` with the value in its own
-    // canonical form, so a canonical value can be placed inside verbatim.
-    // The names below are ASCII and already in that order (a test checks the
-    // composition against the crate's output for whole documents).
+pub fn canonicalize(submission: &Submission) -> Result<CanonicalParts<'_>, serde_json::Error> {
+    // The content is already canonical (`body::parse` wrote it so); the
+    // small parts are canonicalized by the crate. The two documents are
+    // hashed as compositions of those parts: RFC 8785 output of an object
+    // is its members sorted by name, each `"name":value` with the value in
+    // its own canonical form, so a canonical value can be placed inside
+    // verbatim. The names below are ASCII and already in that order (a test
+    // checks the composition against the crate's output for whole
+    // documents). Hashed piece by piece: a 1 MiB content is not copied.
     let inputs = canonical(&submission.approved_inputs_json())?;
-    let content = serde_json_canonicalizer::to_string(&submission.content)?;
+    let content = submission.content.as_str();
     let run_id = canonical(&Value::from(submission.run_id.as_str()))?;
-    let content_doc = format!(r#"{{"approved_inputs":{inputs},"content":{content}}}"#);
-    let request_doc =
-        format!(r#"{{"approved_inputs":{inputs},"content":{content},"run_id":{run_id}}}"#);
+    let hash_of = |pieces: &[&str]| {
+        let mut hasher = blake3::Hasher::new();
+        for piece in pieces {
+            hasher.update(piece.as_bytes());
+        }
+        format!("blake3:{}", hasher.finalize().to_hex())
+    };
+    let content_hash = hash_of(&[
+        r#"{"approved_inputs":"#,
+        &inputs,
+        r#","content":"#,
+        content,
+        "}",
+    ]);
+    let request_hash = hash_of(&[
+        r#"{"approved_inputs":"#,
+        &inputs,
+        r#","content":"#,
+        content,
+        r#","run_id":"#,
+        &run_id,
+        "}",
+    ]);
     Ok(CanonicalParts {
         hashes: Hashes {
-            content_hash: hash(&content_doc),
-            request_hash: hash(&request_doc),
+            content_hash,
+            request_hash,
         },
         approved_inputs: inputs,
         content,
@@ -66,7 +88,7 @@ mod tests {
         let submission = body::parse(text.as_bytes()).expect("valid");
         let parts = canonicalize(&submission).expect("canonical");
         let inputs = submission.approved_inputs_json();
-        let content = Value::Object(submission.content.clone());
+        let content: Value = serde_json::from_str(&submission.content).expect("stored JSON");
         let whole_content = json!({"approved_inputs": inputs, "content": content});
         let whole_request = json!({"run_id": submission.run_id.as_str(), "approved_inputs": inputs, "content": content});
         assert_eq!(
@@ -102,7 +124,8 @@ mod tests {
             ),
         ];
         for (text, content_hash, request_hash) in pinned {
-            let parts = canonicalize(&body::parse(text.as_bytes()).expect("valid")).expect("c");
+            let submission = body::parse(text.as_bytes()).expect("valid");
+            let parts = canonicalize(&submission).expect("c");
             assert_eq!(parts.hashes.content_hash, content_hash, "{text}");
             assert_eq!(parts.hashes.request_hash, request_hash, "{text}");
         }

@@ -9,6 +9,9 @@
 //! `1e400` no. So what is stored is never a rounded version of what was sent,
 //! and two bodies that differ in any number never hash alike.
 
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -30,17 +33,57 @@ pub enum JsonError {
     NotIJson { path: String, message: String },
 }
 
+/// The whole body as a `Value` tree (for small documents and tests; a plan
+/// goes through [`parse_members`], which builds no tree of its content).
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
+    checked(bytes, |strict, deserializer| {
+        strict.deserialize(deserializer)
+    })
+}
+
+/// A body checked as I-JSON in one pass, when it is an object: the members
+/// named in `kept` come back as values; the member named `canonical`, when
+/// it is an object, as its RFC 8785 text (built as it is read, no tree),
+/// otherwise as a value like the kept ones; every other member is checked
+/// and dropped.
+#[derive(Debug, PartialEq)]
+pub enum Members {
+    Object {
+        kept: Map<String, Value>,
+        canonical: Option<String>,
+    },
+    /// I-JSON, but not an object.
+    NotObject,
+}
+
+pub fn parse_members(bytes: &[u8], kept: &[&str], canonical: &str) -> Result<Members, JsonError> {
+    checked(bytes, |strict, deserializer| {
+        deserializer.deserialize_any(RootVisitor {
+            strict,
+            kept,
+            canonical,
+        })
+    })
+}
+
+/// Runs `read` over the whole of `bytes` and sorts its failure into syntax
+/// (400) or not I-JSON (422, with the path a refusal recorded).
+fn checked<T>(
+    bytes: &[u8],
+    read: impl FnOnce(
+        StrictVisitor<'_>,
+        &mut serde_json::Deserializer<serde_json::de::SliceRead<'_>>,
+    ) -> Result<T, serde_json::Error>,
+) -> Result<T, JsonError> {
     let refusal: std::cell::RefCell<Option<(String, String)>> = Default::default();
-    let seed = StrictVisitor {
+    let strict = StrictVisitor {
         depth: 0,
         at: None,
         refusal: &refusal,
     };
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed = seed
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value));
+    let parsed =
+        read(strict, &mut deserializer).and_then(|value| deserializer.end().map(|()| value));
     match parsed {
         Ok(value) => Ok(value),
         Err(e) if e.classify() == serde_json::error::Category::Data => {
@@ -226,10 +269,18 @@ impl<'a> StrictVisitor<'a> {
 
     /// A number as sent, kept only if canonicalization keeps its value.
     fn number<E: de::Error>(self, text: &str) -> Result<Value, E> {
+        Ok(match self.exact(text)? {
+            Exact::Small(exact) => Value::Number(exact.into()),
+            Exact::Checked { number, .. } => Value::Number(number),
+        })
+    }
+
+    /// `text`, refused unless its RFC 8785 form has exactly its value.
+    fn exact<E: de::Error>(self, text: &str) -> Result<Exact, E> {
         // Most numbers are small integers, exact in any double: no need to
         // round-trip them (the check below costs a parse and a format).
         if let Some(exact) = small_integer(text) {
-            return Ok(Value::Number(exact.into()));
+            return Ok(Exact::Small(exact));
         }
         let refused = || {
             self.refuse(format!(
@@ -239,11 +290,22 @@ impl<'a> StrictVisitor<'a> {
         let number: serde_json::Number = serde_json::from_str(text).map_err(|_| refused())?;
         let canonical = serde_json_canonicalizer::to_string(&number).map_err(|_| refused())?;
         if same_decimal(text, &canonical) {
-            Ok(Value::Number(number))
+            Ok(Exact::Checked { number, canonical })
         } else {
             Err(refused())
         }
     }
+}
+
+/// A number that passed the exactness check.
+enum Exact {
+    /// A plain integer below 2^53: its text is its RFC 8785 form.
+    Small(i64),
+    /// Any other: the number as sent, and its RFC 8785 form.
+    Checked {
+        number: serde_json::Number,
+        canonical: String,
+    },
 }
 
 /// An integer written without sign tricks, fraction or exponent, and with
@@ -372,6 +434,456 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
             self.nested::<A::Error>()?;
         }
         Ok(Value::Object(map))
+    }
+}
+
+/// A member name as read: borrowed from the body unless it had escapes.
+struct Name;
+
+impl<'de> DeserializeSeed<'de> for Name {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Name {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
+}
+
+/// The member names of one object so far, to refuse a duplicate: a list
+/// while the object is small, and a set too once it is not (a body of
+/// 100,000 members must not cost 10^10 comparisons).
+#[derive(Default)]
+struct Names<'de> {
+    list: Vec<Cow<'de, str>>,
+    set: Option<HashSet<Cow<'de, str>>>,
+}
+
+impl<'de> Names<'de> {
+    const SCAN_UP_TO: usize = 16;
+
+    fn contains(&self, name: &str) -> bool {
+        match &self.set {
+            Some(set) => set.contains(name),
+            None => self.list.iter().any(|seen| seen == name),
+        }
+    }
+
+    fn push(&mut self, name: Cow<'de, str>) {
+        if let Some(set) = &mut self.set {
+            set.insert(name.clone());
+        } else if self.list.len() >= Self::SCAN_UP_TO {
+            let mut set: HashSet<_> = self.list.iter().cloned().collect();
+            set.insert(name.clone());
+            self.set = Some(set);
+        }
+        self.list.push(name);
+    }
+}
+
+/// RFC 8785's member order: by UTF-16 code units (which differs from
+/// UTF-8's byte order only between U+E000–U+FFFF and the astral planes).
+fn utf16_order(a: &str, b: &str) -> Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        a.cmp(b)
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
+}
+
+/// `text` as an RFC 8785 string: only `"`, `\` and controls escaped, the
+/// short escapes where JSON has them, `\u00xx` (lower-case hex) otherwise.
+fn write_string(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    let mut plain_from = 0;
+    for (at, byte) in text.bytes().enumerate() {
+        let short = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // Every byte matched above is ASCII, so `at` is a char boundary.
+        out.push_str(&text[plain_from..at]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        } else {
+            out.push_str(short);
+        }
+        plain_from = at + 1;
+    }
+    out.push_str(&text[plain_from..]);
+    out.push('"');
+}
+
+/// Checks a value as [`StrictVisitor`] does, at the same points and with
+/// the same refusals, but writes its RFC 8785 text to `out` instead of
+/// building a tree: an object's members are written as they come and
+/// reordered in place at its end, when they did not come sorted.
+struct CanonicalWriter<'a, 'o> {
+    strict: StrictVisitor<'a>,
+    out: &'o mut String,
+}
+
+impl<'de> DeserializeSeed<'de> for CanonicalWriter<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl CanonicalWriter<'_, '_> {
+    fn number<E: de::Error>(self, text: &str) -> Result<(), E> {
+        match self.strict.exact(text)? {
+            Exact::Small(_) => self.out.push_str(text),
+            Exact::Checked { canonical, .. } => self.out.push_str(&canonical),
+        }
+        Ok(())
+    }
+
+    /// The rest of an object whose first member name, `first`, was read.
+    fn object_from<'de, A: MapAccess<'de>>(
+        self,
+        mut access: A,
+        first: Cow<'de, str>,
+    ) -> Result<(), A::Error> {
+        let Self { strict, out } = self;
+        out.push('{');
+        let body_start = out.len();
+        let mut names = Names::default();
+        let mut spans = Vec::new();
+        let mut sorted = true;
+        let mut next = Some(first);
+        while let Some(name) = next {
+            let inner = strict.nested()?;
+            if names.contains(&name) {
+                return Err(strict.refuse(format!("duplicate member name `{name}`")));
+            }
+            if let Some(previous) = names.list.last() {
+                sorted &= utf16_order(previous, &name) == Ordering::Less;
+                out.push(',');
+            }
+            let member_start = out.len();
+            write_string(out, &name);
+            out.push(':');
+            let at = At {
+                parent: strict.at,
+                step: Step::Member(&name),
+            };
+            access.next_value_seed(CanonicalWriter {
+                strict: inner.at(&at),
+                out: &mut *out,
+            })?;
+            spans.push(member_start..out.len());
+            names.push(name);
+            next = access.next_key_seed(Name)?;
+        }
+        if !sorted {
+            let written = out[body_start..].to_owned();
+            let mut order: Vec<usize> = (0..spans.len()).collect();
+            order.sort_unstable_by(|&a, &b| utf16_order(&names.list[a], &names.list[b]));
+            out.truncate(body_start);
+            for (i, member) in order.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let span = &spans[member];
+                out.push_str(&written[span.start - body_start..span.end - body_start]);
+            }
+        }
+        out.push('}');
+        Ok(())
+    }
+}
+
+impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an I-JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.out.push_str(if v { "true" } else { "false" });
+        Ok(())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.number(&v.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.number(&v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.number(&v.to_string())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        write_string(self.out, v);
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.out.push_str("null");
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Self { strict, out } = self;
+        let inner = strict.nested()?;
+        out.push('[');
+        let mut index = 0;
+        loop {
+            let before = out.len();
+            if index > 0 {
+                out.push(',');
+            }
+            let at = At {
+                parent: strict.at,
+                step: Step::Index(index),
+            };
+            let seed = CanonicalWriter {
+                strict: inner.at(&at),
+                out: &mut *out,
+            };
+            if seq.next_element_seed(seed)?.is_none() {
+                out.truncate(before);
+                break;
+            }
+            index += 1;
+        }
+        out.push(']');
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<(), A::Error> {
+        match access.next_key_seed(Name)? {
+            None => {
+                self.strict.nested::<A::Error>()?;
+                self.out.push_str("{}");
+                Ok(())
+            }
+            Some(name) if name == NUMBER_TOKEN => {
+                // Not an object: a number, as its text (`arbitrary_precision`).
+                let text: String = access.next_value()?;
+                self.number(&text)
+            }
+            Some(name) => self.object_from(access, name),
+        }
+    }
+}
+
+/// What the member named `canonical` was: an object, as RFC 8785 text, or
+/// another value (for the caller to refuse with its type).
+enum Content {
+    Object(String),
+    Other(Value),
+}
+
+struct ContentVisitor<'a> {
+    strict: StrictVisitor<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for ContentVisitor<'_> {
+    type Value = Content;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Content, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContentVisitor<'_> {
+    type Value = Content;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an I-JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Content, E> {
+        self.strict.visit_bool(v).map(Content::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Content, E> {
+        self.strict.visit_i64(v).map(Content::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Content, E> {
+        self.strict.visit_u64(v).map(Content::Other)
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Content, E> {
+        self.strict.visit_f64(v).map(Content::Other)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+        self.strict.visit_str(v).map(Content::Other)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
+        self.strict.visit_unit().map(Content::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+        self.strict.visit_seq(seq).map(Content::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Content, A::Error> {
+        let mut out = String::new();
+        let writer = CanonicalWriter {
+            strict: self.strict,
+            out: &mut out,
+        };
+        match access.next_key_seed(Name)? {
+            None => {
+                self.strict.nested::<A::Error>()?;
+                Ok(Content::Object("{}".to_owned()))
+            }
+            Some(name) if name == NUMBER_TOKEN => {
+                let text: String = access.next_value()?;
+                self.strict.number(&text).map(Content::Other)
+            }
+            Some(name) => {
+                writer.object_from(access, name)?;
+                Ok(Content::Object(out))
+            }
+        }
+    }
+}
+
+/// The body's top level for [`parse_members`].
+struct RootVisitor<'a, 'k> {
+    strict: StrictVisitor<'a>,
+    kept: &'k [&'k str],
+    canonical: &'k str,
+}
+
+impl RootVisitor<'_, '_> {
+    /// Checks a value that is not an object, for [`Members::NotObject`].
+    fn not_object<E>(
+        self,
+        check: impl FnOnce(CanonicalWriter<'_, '_>) -> Result<(), E>,
+    ) -> Result<Members, E> {
+        check(CanonicalWriter {
+            strict: self.strict,
+            out: &mut String::new(),
+        })
+        .map(|()| Members::NotObject)
+    }
+}
+
+impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
+    type Value = Members;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an I-JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Members, E> {
+        Ok(Members::NotObject)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Members, E> {
+        self.not_object(|writer| writer.visit_i64(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Members, E> {
+        self.not_object(|writer| writer.visit_u64(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Members, E> {
+        self.not_object(|writer| writer.visit_f64(v))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Members, E> {
+        Ok(Members::NotObject)
+    }
+
+    fn visit_unit<E>(self) -> Result<Members, E> {
+        Ok(Members::NotObject)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Members, A::Error> {
+        self.not_object(|writer| writer.visit_seq(seq))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Members, A::Error> {
+        let strict = self.strict;
+        let mut next = match access.next_key_seed(Name)? {
+            None => {
+                strict.nested::<A::Error>()?;
+                None
+            }
+            Some(name) if name == NUMBER_TOKEN => {
+                let text: String = access.next_value()?;
+                strict.number::<A::Error>(&text)?;
+                return Ok(Members::NotObject);
+            }
+            first => first,
+        };
+        let mut names = Names::default();
+        let mut kept = Map::new();
+        let mut canonical = None;
+        let mut dropped = String::new();
+        while let Some(name) = next {
+            let inner = strict.nested()?;
+            if names.contains(&name) {
+                return Err(strict.refuse(format!("duplicate member name `{name}`")));
+            }
+            let at = At {
+                parent: strict.at,
+                step: Step::Member(&name),
+            };
+            let inner = inner.at(&at);
+            if name == self.canonical {
+                match access.next_value_seed(ContentVisitor { strict: inner })? {
+                    Content::Object(text) => canonical = Some(text),
+                    Content::Other(value) => {
+                        kept.insert(name.to_string(), value);
+                    }
+                }
+            } else if self.kept.contains(&&*name) {
+                let value = access.next_value_seed(inner)?;
+                kept.insert(name.to_string(), value);
+            } else {
+                dropped.clear();
+                access.next_value_seed(CanonicalWriter {
+                    strict: inner,
+                    out: &mut dropped,
+                })?;
+            }
+            names.push(name);
+            next = access.next_key_seed(Name)?;
+        }
+        Ok(Members::Object { kept, canonical })
     }
 }
 

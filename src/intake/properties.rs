@@ -223,7 +223,7 @@ proptest! {
         match body::parse(body.as_bytes()) {
             Ok(submission) => {
                 let parts = hashing::canonicalize(&submission).expect("canonical");
-                let stored: Value = serde_json::from_str(&parts.content).expect("stored JSON");
+                let stored: Value = serde_json::from_str(parts.content).expect("stored JSON");
                 let kept = stored["n"].to_string();
                 prop_assert_eq!(exact(&kept), exact(&literal), "sent {} kept {}", literal, kept);
             }
@@ -325,6 +325,7 @@ fn numbers_are_kept_or_refused_as_an_independent_oracle_says() {
             hashing::canonicalize(&submission)
                 .expect("canonical")
                 .content
+                .to_owned()
         });
         let expected = case
             .canonical
@@ -346,4 +347,158 @@ fn numbers_are_kept_or_refused_as_an_independent_oracle_says() {
         cases.len(),
         wrong.join("\n")
     );
+}
+
+/// Pieces that, spliced in anywhere, break a body in each way the rules
+/// tell apart: syntax, duplicates (also in objects past the small-object
+/// scan), inexact numbers, surrogates, wrong types, member order.
+const SPLICES: &[&str] = &[
+    "\"",
+    ",",
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    "\\",
+    "-",
+    "0",
+    ".",
+    "01",
+    " ",
+    "null",
+    "1e400",
+    "9007199254740993",
+    "1.50",
+    "-0",
+    "1E2",
+    "\"\\ud800\"",
+    "\"\\u00e9\\n\"",
+    "\u{e000}",
+    "\u{1f600}",
+    "\"a\":1,",
+    "\"aa\":0,",
+    "\"b\":[],",
+    "\"x\":{\"y\":1,\"y\":2},",
+    "\"content\":5,",
+    "\"content\":[1],",
+    "\"content\":{},",
+    "\"run_id\":1e2,",
+    "\"approved_inputs\":{},",
+    "\"extra\":{\"deep\":[[[1.25]]]},",
+];
+
+/// `text` with each edit applied: (what, where, which piece): insert a
+/// piece, delete a few characters, or cut the rest off.
+fn edited(text: &str, edits: &[(u8, prop::sample::Index, prop::sample::Index)]) -> String {
+    let mut text = text.to_owned();
+    for (what, place, piece) in edits {
+        let mut at = place.index(text.len() + 1);
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        match what % 3 {
+            0 => text.insert_str(at, SPLICES[piece.index(SPLICES.len())]),
+            1 => {
+                let mut end = (at + 1 + piece.index(3)).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                text.replace_range(at..end, "");
+            }
+            _ => text.truncate(at),
+        }
+    }
+    text
+}
+
+/// Any top-level document: the three fields (any value) and others, an
+/// object of up to 40 members in the content so that duplicates are also
+/// found past the short scan.
+fn any_document() -> impl Strategy<Value = Value> {
+    let content = prop_oneof![
+        json_object().prop_map(Value::Object),
+        prop::collection::btree_map("[a-c]{1,3}", json_value(), 0..40)
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        json_value(),
+    ];
+    (
+        content,
+        prop::collection::btree_map("[a-z]{1,4}", json_value(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(content, extra, valid_fields)| {
+            let mut body = if valid_fields {
+                submission_body(&Map::new())
+            } else {
+                json!({"run_id": 7, "approved_inputs": "x"})
+            };
+            body["content"] = content;
+            for (name, value) in extra {
+                body[name] = value;
+            }
+            body
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    /// The one-pass parse (content canonicalized as it is read, no tree)
+    /// answers every body exactly as the tree and the crate did: the same
+    /// submission and stored text, or the same refusal, word for word.
+    #[test]
+    fn the_one_pass_parse_answers_as_the_tree_did(
+        document in any_document(),
+        seed in any::<u64>(),
+        edits in prop::collection::vec((any::<u8>(), any::<prop::sample::Index>(), any::<prop::sample::Index>()), 0..3),
+    ) {
+        let mut rng = TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed.to_le_bytes().repeat(4));
+        let mut text = String::new();
+        render_shuffled(&document, &mut rng, &mut text);
+        let text = edited(&text, &edits);
+        prop_assert_eq!(body::parse(text.as_bytes()), body::parse_with_a_tree(text.as_bytes()), "{}", text);
+    }
+}
+
+#[test]
+fn the_one_pass_parse_orders_and_refuses_as_the_tree_did() {
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let many = |n: usize, repeat: Option<usize>| {
+        let mut members: Vec<String> = (0..n).map(|i| format!("\"m{}\":{i}", n - i)).collect();
+        if let Some(i) = repeat {
+            members.push(format!("\"m{}\":0", n - i));
+        }
+        format!("{{{}}}", members.join(","))
+    };
+    let contents = [
+        // RFC 8785 sorts by UTF-16 code units: U+E000 after U+1F600's surrogates.
+        "{\"\u{e000}\":1,\"\u{1f600}\":2,\"z\":3,\"\u{7f}\":4,\"\":5}".to_owned(),
+        r#"{"b":{"d":1,"c":[{"f":1,"e":2}]},"a":"\"\\\/\b\f\n\r\t\u0001\u001f\u007f"}"#.to_owned(),
+        format!(r#"{{"deep":{}}}"#, nested(62)),
+        format!(r#"{{"deep":{}}}"#, nested(63)),
+        format!(r#"{{"deep":{{"x":{}}}}}"#, nested(62)),
+        many(200, None),
+        many(200, Some(3)),
+        many(200, Some(150)),
+        many(17, Some(16)),
+        r#"{"n":[1.0,1e2,-0,0.000,1E-7,123456789012345678,5e-324,1e21,1e-7]}"#.to_owned(),
+    ];
+    for content in contents {
+        let text =
+            format!(r#"{{"run_id":"r","approved_inputs":[{{"id":"i"}}],"content":{content}}}"#);
+        let one_pass = body::parse(text.as_bytes());
+        assert_eq!(
+            one_pass,
+            body::parse_with_a_tree(text.as_bytes()),
+            "{content}"
+        );
+        if let Ok(submission) = one_pass {
+            let value: Value = serde_json::from_str(&submission.content).expect("stored JSON");
+            assert_eq!(
+                submission.content,
+                hashing::canonical(&value).expect("canonical")
+            );
+        }
+    }
 }

@@ -427,7 +427,7 @@ fn new_plan(login: &Login, submission: &Submission, parts: &CanonicalParts) -> N
         run_id: submission.run_id.as_str().to_owned(),
         content_hash: parts.hashes.content_hash.clone(),
         request_hash: parts.hashes.request_hash.clone(),
-        content: parts.content.clone(),
+        content: parts.content.to_owned(),
         approved_inputs: parts.approved_inputs.clone(),
         permissions: serde_json::Value::from(login.permission_names()).to_string(),
         received_at: now_micros(),

@@ -451,7 +451,7 @@ pub fn competing_plan(maker: &str, body: &str) -> plan_intake::storage::plans::N
         run_id: submission.run_id.as_str().to_owned(),
         content_hash: parts.hashes.content_hash,
         request_hash: parts.hashes.request_hash,
-        content: parts.content,
+        content: parts.content.to_owned(),
         approved_inputs: parts.approved_inputs,
         permissions: r#"["plans:submit"]"#.to_owned(),
         received_at: plan_intake::intake::submit::now_micros(),
