@@ -51,13 +51,14 @@ macro_rules! active_by_token_hash {
     };
 }
 
-/// The active login whose token hashes to `token_hash`, as of `now`.
+/// The active login whose token hashes to `token_hash`, as of `now`
+/// (`get_result`, not `first`: see `plans::by_key` on SQLite's `LIMIT ?`).
 pub fn find_active_by_token_hash(
     conn: &mut DbConn,
     token_hash: &str,
     now: NaiveDateTime,
 ) -> QueryResult<Option<LoginRow>> {
-    with_conn!(conn, c => active_by_token_hash!(token_hash, now).first(c).optional())
+    with_conn!(conn, c => active_by_token_hash!(token_hash, now).get_result(c).optional())
 }
 
 /// SQLite: [`find_active_by_token_hash`] on the connection that writes.
@@ -67,7 +68,7 @@ pub(super) fn find_active_on_sqlite(
     now: NaiveDateTime,
 ) -> QueryResult<Option<LoginRow>> {
     active_by_token_hash!(token_hash, now)
-        .first(lite)
+        .get_result(lite)
         .optional()
 }
 

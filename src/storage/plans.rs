@@ -308,6 +308,13 @@ pub(super) fn insert_key_row(
 
 /// The query for a key row's request hash and the plan it points at (as
 /// `$row`: `PlanRow` or `ReceiptRow`), for any backend's connection.
+///
+/// Lookups by a unique key take the row with `get_result`, never `first`:
+/// `first` adds `LIMIT ?`, and SQLite built with STAT4 (the bundled one)
+/// counts a bound LIMIT as shaping the plan, so it expires the cached
+/// statement at every bind and compiles it again at every step. That was
+/// two fifths of the service's CPU per plan on SQLite (profiled). A unique
+/// key matches one row at most either way.
 macro_rules! by_key {
     ($maker:expr, $idempotency_key:expr, $row:ty) => {
         intake_keys::table
@@ -338,7 +345,7 @@ pub fn find_by_key(
     maker: &str,
     idempotency_key: &str,
 ) -> QueryResult<Option<(String, PlanRow)>> {
-    with_conn!(conn, c => by_key!(maker, idempotency_key, PlanRow).first(c).optional())
+    with_conn!(conn, c => by_key!(maker, idempotency_key, PlanRow).get_result(c).optional())
 }
 
 /// SQLite: the key row's request hash and the receipt of the plan it
@@ -349,7 +356,7 @@ pub(super) fn find_receipt_by_key_on_sqlite(
     idempotency_key: &str,
 ) -> QueryResult<Option<(String, ReceiptRow)>> {
     by_key!(maker, idempotency_key, ReceiptRow)
-        .first(lite)
+        .get_result(lite)
         .optional()
 }
 
@@ -364,7 +371,7 @@ pub(super) fn resolve_in_transaction(
     idempotency_key: &str,
 ) -> QueryResult<Option<Written>> {
     if let Some((request_hash, row)) = by_key!(&plan.maker, idempotency_key, ReceiptRow)
-        .first(c)
+        .get_result(c)
         .optional()?
     {
         return Ok(Some(Written::KeyHeld {
@@ -373,7 +380,7 @@ pub(super) fn resolve_in_transaction(
         }));
     }
     let Some(kept) = by_content!(&plan.maker, &plan.run_id, &plan.content_hash)
-        .first::<ReceiptRow>(c)
+        .get_result::<ReceiptRow>(c)
         .optional()?
     else {
         return Ok(None);
@@ -434,6 +441,6 @@ pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Optio
     with_conn!(conn, c => plans::table
         .filter(plans::receipt_id.eq(receipt_id))
         .select(PlanRow::as_select())
-        .first(c)
+        .get_result(c)
         .optional())
 }
