@@ -271,9 +271,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Unauthorized => ApiError::Unauthorized("unknown or revoked token"),
             SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
             e if e.deadline_passed() => ApiError::Timeout(Box::new(e)),
-            e @ (SubmitError::Canonical(_) | SubmitError::Corrupt(_)) => {
-                ApiError::Internal(Box::new(e))
-            }
+            e @ SubmitError::Corrupt(_) => ApiError::Internal(Box::new(e)),
             e => ApiError::Unavailable(Box::new(e)),
         }
     }

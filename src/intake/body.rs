@@ -66,7 +66,9 @@ pub struct Submission {
 }
 
 impl Submission {
-    /// `[{id, digest}]`, `digest` left out when absent: the form that is hashed and stored.
+    /// `[{id, digest}]`, `digest` left out when absent, as a value (the
+    /// stored text is `hashing::canonical_inputs`).
+    #[cfg(test)]
     pub fn approved_inputs_json(&self) -> Value {
         serde_json::to_value(&self.approved_inputs).unwrap_or(Value::Null)
     }

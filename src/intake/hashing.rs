@@ -2,7 +2,8 @@
 
 use serde_json::Value;
 
-use super::body::Submission;
+use super::body::{ApprovedInput, Submission};
+use super::ijson::write_string;
 
 /// `content_hash` covers what the plan is; `request_hash` also covers the run
 /// it was sent for. Both are `blake3:` and 64 hex digits.
@@ -20,18 +21,20 @@ pub struct CanonicalParts<'a> {
     pub hashes: Hashes,
 }
 
-pub fn canonicalize(submission: &Submission) -> Result<CanonicalParts<'_>, serde_json::Error> {
-    // The content is already canonical (`body::parse` wrote it so); the
-    // small parts are canonicalized by the crate. The two documents are
-    // hashed as compositions of those parts: RFC 8785 output of an object
-    // is its members sorted by name, each `"name":value` with the value in
-    // its own canonical form, so a canonical value can be placed inside
-    // verbatim. The names below are ASCII and already in that order (a test
-    // checks the composition against the crate's output for whole
-    // documents). Hashed piece by piece: a 1 MiB content is not copied.
-    let inputs = canonical(&submission.approved_inputs_json())?;
+pub fn canonicalize(submission: &Submission) -> CanonicalParts<'_> {
+    // The content is already canonical (`body::parse` wrote it so), and the
+    // small parts are written here in their RFC 8785 form. The two
+    // documents are hashed as compositions of those parts: RFC 8785 output
+    // of an object is its members sorted by name, each `"name":value` with
+    // the value in its own canonical form, so a canonical value can be
+    // placed inside verbatim. The names below are ASCII and already in that
+    // order (tests check the parts and the composition against the crate's
+    // output for whole documents). Hashed piece by piece: a 1 MiB content
+    // is not copied.
+    let inputs = canonical_inputs(&submission.approved_inputs);
     let content = submission.content.as_str();
-    let run_id = canonical(&Value::from(submission.run_id.as_str()))?;
+    let mut run_id = String::with_capacity(submission.run_id.as_str().len() + 2);
+    write_string(&mut run_id, submission.run_id.as_str());
     let hash_of = |pieces: &[&str]| {
         let mut hasher = blake3::Hasher::new();
         for piece in pieces {
@@ -55,14 +58,37 @@ pub fn canonicalize(submission: &Submission) -> Result<CanonicalParts<'_>, serde
         &run_id,
         "}",
     ]);
-    Ok(CanonicalParts {
+    CanonicalParts {
         hashes: Hashes {
             content_hash,
             request_hash,
         },
         approved_inputs: inputs,
         content,
-    })
+    }
+}
+
+/// `[{"digest":…,"id":…},…]`, `digest` left out when absent: the approved
+/// inputs in their RFC 8785 form ("digest" sorts before "id").
+pub fn canonical_inputs(inputs: &[ApprovedInput]) -> String {
+    let mut out = String::with_capacity(2 + inputs.len() * 48);
+    out.push('[');
+    for (i, input) in inputs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push('{');
+        if let Some(digest) = &input.digest {
+            out.push_str(r#""digest":"#);
+            write_string(&mut out, digest);
+            out.push(',');
+        }
+        out.push_str(r#""id":"#);
+        write_string(&mut out, &input.id);
+        out.push('}');
+    }
+    out.push(']');
+    out
 }
 
 pub fn canonical(value: &Value) -> Result<String, serde_json::Error> {
@@ -86,7 +112,7 @@ mod tests {
         let text = r#"{"run_id":"r\u00e9 \"x\"","approved_inputs":[{"id":"b","digest":"d"},{"id":"a"}],
                       "content":{"z":1.50,"a":[3,{"\u20ac":null,"b":true}],"é":"\ud83d\ude00"}}"#;
         let submission = body::parse(text.as_bytes()).expect("valid");
-        let parts = canonicalize(&submission).expect("canonical");
+        let parts = canonicalize(&submission);
         let inputs = submission.approved_inputs_json();
         let content: Value = serde_json::from_str(&submission.content).expect("stored JSON");
         let whole_content = json!({"approved_inputs": inputs, "content": content});
@@ -125,7 +151,7 @@ mod tests {
         ];
         for (text, content_hash, request_hash) in pinned {
             let submission = body::parse(text.as_bytes()).expect("valid");
-            let parts = canonicalize(&submission).expect("c");
+            let parts = canonicalize(&submission);
             assert_eq!(parts.hashes.content_hash, content_hash, "{text}");
             assert_eq!(parts.hashes.request_hash, request_hash, "{text}");
         }

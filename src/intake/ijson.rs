@@ -511,7 +511,7 @@ fn utf16_order(a: &str, b: &str) -> Ordering {
 
 /// `text` as an RFC 8785 string: only `"`, `\` and controls escaped, the
 /// short escapes where JSON has them, `\u00xx` (lower-case hex) otherwise.
-fn write_string(out: &mut String, text: &str) {
+pub fn write_string(out: &mut String, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     let mut plain_from = 0;

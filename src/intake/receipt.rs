@@ -89,5 +89,56 @@ fn stored_inputs(receipt_id: &str, stored: &str) -> Result<Vec<ApprovedInput>, C
 
 /// `2026-11-30T10:00:00.000000Z`: UTC, microseconds, as both backends store it.
 pub fn format_timestamp(at: &chrono::NaiveDateTime) -> String {
-    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    use chrono::{Datelike, Timelike};
+    const LAYOUT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+    // Written directly (chrono interprets its layout anew on every call, on
+    // every receipt); chrono itself for what a plain layout cannot show:
+    // years past four digits, a leap second.
+    let year = at.year();
+    if !(0..=9999).contains(&year) || at.nanosecond() >= 1_000_000_000 {
+        return at.format(LAYOUT).to_string();
+    }
+    format!(
+        "{year:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.nanosecond() / 1_000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, NaiveDate};
+
+    use super::format_timestamp;
+
+    #[test]
+    fn timestamps_read_as_chrono_writes_them() {
+        let mut instants: Vec<chrono::NaiveDateTime> = (0..2_000i64)
+            .map(|i| {
+                let secs = i * 7_919_777_777 % 253_402_300_799;
+                let nanos = u32::try_from(i * 123_456_789 % 1_000_000_000).expect("nanos");
+                DateTime::from_timestamp(secs, nanos)
+                    .expect("in range")
+                    .naive_utc()
+            })
+            .collect();
+        let leap = NaiveDate::from_ymd_opt(2016, 12, 31)
+            .and_then(|d| d.and_hms_nano_opt(23, 59, 59, 1_500_000_000))
+            .expect("a leap second");
+        let far = NaiveDate::from_ymd_opt(12_345, 1, 2)
+            .and_then(|d| d.and_hms_micro_opt(3, 4, 5, 6))
+            .expect("a five-digit year");
+        instants.extend([leap, far]);
+        for at in instants {
+            assert_eq!(
+                format_timestamp(&at),
+                at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+                "{at:?}"
+            );
+        }
+    }
 }

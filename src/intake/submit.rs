@@ -79,8 +79,6 @@ pub enum SubmitError {
     /// The database failed in a way no retry here can mend: 503.
     #[error("the database failed the write")]
     Unavailable(#[source] diesel::result::Error),
-    #[error("cannot canonicalize the submission")]
-    Canonical(#[from] serde_json::Error),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
