@@ -7,7 +7,9 @@
 //!   key lands exactly once, no plan is without its key;
 //! - to an asynchronous standby that was behind: what it never received is
 //!   lost (that is asynchronous replication), but a reader whose cursor
-//!   came from the old primary sees every receipt written after.
+//!   came from the old primary sees every receipt written after;
+//! - and, without a failover, behind a transaction-mode PgBouncer: replays
+//!   and feed pages still wait for the synchronous standby's word.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -16,6 +18,7 @@ use serde_json::Value;
 
 use crate::support::cluster::TempCluster;
 use crate::support::load::{Load, assert_each_answered, every_acknowledged_plan_is_kept_once};
+use crate::support::pgbouncer::PgBouncer;
 use crate::support::plan_body;
 use crate::support::process::{ServeProcess, client, get, login_via_cli, post_plan, run_cli_at};
 
@@ -46,13 +49,7 @@ struct SyncPair {
 
 fn sync_pair() -> Option<SyncPair> {
     let (primary, standby) = pair()?;
-    primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
-    primary.psql("SELECT pg_reload_conf()");
-    wait_for(
-        &primary,
-        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
-        "sync",
-    );
+    make_synchronous(&primary);
     let url = multi_host_url(&primary, &standby);
     let token = login_via_cli(&url, "planner-a", "plans:submit");
     let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "3000"]);
@@ -63,6 +60,17 @@ fn sync_pair() -> Option<SyncPair> {
         token,
         service,
     })
+}
+
+/// Makes `primary`'s standby synchronous and waits until it is.
+fn make_synchronous(primary: &TempCluster) {
+    primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+    primary.psql("SELECT pg_reload_conf()");
+    wait_for(
+        primary,
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        "sync",
+    );
 }
 
 /// Polls `sql` on `cluster` until it answers `expected`.
@@ -403,4 +411,61 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
         ),
         "1"
     );
+}
+
+/// Behind a transaction-mode PgBouncer too, the service hands out nothing
+/// the synchronous standby has not confirmed: with the standby's receiver
+/// stopped, a replay and a feed page wait for the barrier (whose round
+/// goes through the pooler like every other statement) and answer 503 at
+/// the deadline; once the receiver goes on, both are answered.
+#[test]
+fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
+    let Some((primary, standby)) = pair() else {
+        return;
+    };
+    make_synchronous(&primary);
+    let bouncer = PgBouncer::in_front_of(primary.port, "intake");
+    let direct = format!("postgres://postgres@127.0.0.1:{}/intake", primary.port);
+    let migrated = run_cli_at(&direct, &["migrate", "run"]);
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let token = login_via_cli(&direct, "planner-a", "plans:submit");
+    let reader = login_via_cli(&direct, "orders", "receipts:read");
+    let service = ServeProcess::start_with(
+        &bouncer.url(),
+        &[
+            "--no-migrate",
+            "--pg-pooler",
+            "transaction",
+            "--request-timeout-ms",
+            "2000",
+        ],
+    );
+    assert_durability_told(&service, true);
+    let agent = client();
+    let body = plan_body("behind-pgbouncer", "behind-pgbouncer");
+    let answer = |key: &str| post_plan(&agent, &service.addr, &token, key, &body).expect("answer");
+    assert_eq!(answer("k-1").0, 201);
+    assert_eq!(answer("k-1").0, 200, "a replay with the standby streaming");
+
+    let receiver = standby.pause_wal_receiver();
+    let (status, replay) = answer("k-1");
+    assert_eq!(
+        status, 503,
+        "a replay was answered without the standby's word: {replay}"
+    );
+    let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=10");
+    assert_eq!(
+        status, 503,
+        "a feed page was answered without the standby's word: {page}"
+    );
+
+    drop(receiver);
+    let (status, replay) = answer("k-1");
+    assert_eq!(status, 200, "{replay}");
+    let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=10");
+    assert_eq!(status, 200, "{page}");
 }

@@ -12,6 +12,8 @@ pub struct PgBouncer {
     dir: tempfile::TempDir,
     pub port: u16,
     pub database: String,
+    /// The scratch database it made on the shared Postgres, dropped with it.
+    owns_database: bool,
 }
 
 impl PgBouncer {
@@ -38,12 +40,25 @@ impl PgBouncer {
         admin
             .batch_execute(&format!("CREATE DATABASE {database}"))
             .expect("create the scratch database");
+        let (host, pg_port) = super::postgres_host_port();
+        Some(Self::launch(&host, pg_port, database, true))
+    }
+
+    /// A PgBouncer in transaction mode for `database` on the Postgres at
+    /// 127.0.0.1:`pg_port` (a cluster of the test's own), which it leaves
+    /// in place.
+    pub fn in_front_of(pg_port: u16, database: &str) -> Self {
+        Self::launch("127.0.0.1", pg_port, database.to_owned(), false)
+    }
+
+    fn launch(host: &str, pg_port: u16, database: String, owns_database: bool) -> Self {
         let dir = tempfile::tempdir().expect("dir");
         let port = super::process::free_port();
         let bouncer = Self {
             dir,
             port,
             database,
+            owns_database,
         };
         std::fs::write(bouncer.path("users.txt"), "\"postgres\" \"\"\n").expect("users file");
         std::fs::write(
@@ -55,8 +70,6 @@ impl PgBouncer {
                  max_client_conn = 400\ndefault_pool_size = 20\n\
                  pidfile = {pid}\nlogfile = {log}\n",
                 db = bouncer.database,
-                host = super::postgres_host_port().0,
-                pg_port = super::postgres_host_port().1,
                 users = bouncer.path("users.txt").display(),
                 pid = bouncer.path("pgbouncer.pid").display(),
                 log = bouncer.path("pgbouncer.log").display(),
@@ -68,7 +81,7 @@ impl PgBouncer {
             .status()
             .expect("chown");
         bouncer.run();
-        Some(bouncer)
+        bouncer
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -128,6 +141,9 @@ impl Drop for PgBouncer {
     fn drop(&mut self) {
         if let Some(pid) = self.pid() {
             let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+        if !self.owns_database {
+            return;
         }
         if let Ok(mut admin) = PgConnection::establish(&super::postgres_base_url()) {
             let _ = admin.batch_execute(&format!(
