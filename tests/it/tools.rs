@@ -13,6 +13,30 @@ use serde_json::Value;
 use crate::support::process::{BIN, ServeProcess, client, free_port, get, post_plan};
 use crate::support::{TestApp, TestDb, execute_batch, plan_body, scalar};
 
+/// A scratch database with a planner's and a reader's login, and the
+/// service on it (fields drop in order: the service before its database).
+struct Stage {
+    server: ServeProcess,
+    planner: String,
+    reader: String,
+    app: TestApp,
+}
+
+impl Stage {
+    fn new(scratch: TestDb) -> Self {
+        let url = scratch.url.clone();
+        let app = TestApp::new(scratch);
+        let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+        let reader = app.login("orders", &[Permission::ReceiptsRead]);
+        Self {
+            server: ServeProcess::start(&url),
+            planner,
+            reader,
+            app,
+        }
+    }
+}
+
 /// `plan-intake ARGS…` as a caller runs it: the service's URL and a token
 /// in the environment, nothing of the database.
 fn tool(args: &[&str], url: &str, token: &str) -> Command {
@@ -213,13 +237,11 @@ fn submit_rides_out_a_service_killed_with_sigkill_mid_write() {
 /// A 422 is final: exit 65 after exactly one request, the problem on
 /// stderr; a wrong token is 77 with nothing written.
 fn refusals_are_final(scratch: TestDb) {
-    let url = scratch.url.clone();
-    let app = TestApp::new(scratch);
-    let token = app.login("planner-a", &[Permission::PlansSubmit]);
-    let server = ServeProcess::start(&url);
+    let stage = Stage::new(scratch);
+    let (app, server, token) = (&stage.app, &stage.server, &stage.planner);
     let base = format!("http://{}", server.addr);
 
-    let mut submit = tool(&["submit", "-"], &base, &token)
+    let mut submit = tool(&["submit", "-"], &base, token)
         .stdin(Stdio::piped())
         .spawn()
         .expect("start submit");
@@ -237,7 +259,7 @@ fn refusals_are_final(scratch: TestDb) {
         stderr.contains("422") && stderr.contains("run_id"),
         "{stderr}"
     );
-    assert_eq!(plan_posts(&server), vec![("422".to_owned(), 1)]);
+    assert_eq!(plan_posts(server), vec![("422".to_owned(), 1)]);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let file = request_file(&dir, "run-denied");
@@ -254,7 +276,7 @@ fn refusals_are_final(scratch: TestDb) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = tool(&["submit", file.to_str().expect("path")], &base, &token)
+    let out = tool(&["submit", file.to_str().expect("path")], &base, token)
         .env_remove("PLAN_INTAKE_TOKEN")
         .output()
         .expect("submit");
@@ -264,17 +286,15 @@ fn refusals_are_final(scratch: TestDb) {
 
 /// The same file twice: `created`, then `replayed`, under one derived key.
 fn the_same_file_twice_is_one_plan(scratch: TestDb) {
-    let url = scratch.url.clone();
-    let app = TestApp::new(scratch);
-    let token = app.login("planner-a", &[Permission::PlansSubmit]);
-    let server = ServeProcess::start(&url);
+    let stage = Stage::new(scratch);
+    let (app, server, token) = (&stage.app, &stage.server, &stage.planner);
     let dir = tempfile::tempdir().expect("tempdir");
     let file = request_file(&dir, "run-twice");
     let run = || {
         let out = tool(
             &["submit", file.to_str().expect("path")],
             &format!("http://{}", server.addr),
-            &token,
+            token,
         )
         .output()
         .expect("submit");
@@ -369,11 +389,8 @@ const PAGE: usize = 20;
 /// then started again on its cursor file: every receipt, in feed order,
 /// and at most one page twice.
 fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
-    let url = scratch.url.clone();
-    let app = TestApp::new(scratch);
-    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
-    let reader = app.login("orders", &[Permission::ReceiptsRead]);
-    let server = ServeProcess::start(&url);
+    let stage = Stage::new(scratch);
+    let (server, planner, reader) = (&stage.server, &stage.planner, &stage.reader);
     let base = format!("http://{}", server.addr);
     let dir = tempfile::tempdir().expect("tempdir");
     let cursor = dir.path().join("orders.cursor");
@@ -386,18 +403,18 @@ fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
         "20",
     ];
 
-    let writer = post_many(&server.addr, &planner, "run", 500);
-    let mut first = tool(&follow_args, &base, &reader).spawn().expect("follow");
+    let writer = post_many(&server.addr, planner, "run", 500);
+    let mut first = tool(&follow_args, &base, reader).spawn().expect("follow");
     let first_lines = delivered_lines(first.stdout.take().expect("stdout"));
     let mut delivered = take(&first_lines, 150);
     first.kill().expect("SIGKILL");
     first.wait().expect("reap");
     delivered.extend(first_lines.iter());
 
-    let mut second = tool(&follow_args, &base, &reader).spawn().expect("follow");
+    let mut second = tool(&follow_args, &base, reader).spawn().expect("follow");
     let second_lines = delivered_lines(second.stdout.take().expect("stdout"));
     writer.join().expect("500 plans written");
-    let feed = feed_order(&server.addr, &reader);
+    let feed = feed_order(&server.addr, reader);
     assert_eq!(feed.len(), 500);
     // The second run starts where the saved cursor is: at most one page back.
     let mut seen: std::collections::HashSet<String> = delivered.iter().cloned().collect();
@@ -433,7 +450,7 @@ fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
             "--drain",
         ],
         &base,
-        &reader,
+        reader,
     )
     .output()
     .expect("follow --drain");
@@ -446,11 +463,8 @@ fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
 #[test]
 fn a_failing_command_gets_its_page_again_and_the_cursor_waits() {
     let scratch = TestDb::sqlite();
-    let url = scratch.url.clone();
-    let app = TestApp::new(scratch);
-    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
-    let reader = app.login("orders", &[Permission::ReceiptsRead]);
-    let server = ServeProcess::start(&url);
+    let stage = Stage::new(scratch);
+    let (server, planner, reader) = (&stage.server, &stage.planner, &stage.reader);
     let base = format!("http://{}", server.addr);
     let dir = tempfile::tempdir().expect("tempdir");
     let cursor = dir.path().join("orders.cursor");
@@ -466,7 +480,7 @@ fn a_failing_command_gets_its_page_again_and_the_cursor_waits() {
             "--drain",
         ],
         &base,
-        &reader,
+        reader,
     )
     .output()
     .expect("follow");
@@ -476,7 +490,7 @@ fn a_failing_command_gets_its_page_again_and_the_cursor_waits() {
         String::from_utf8_lossy(&out.stderr)
     );
     let start = std::fs::read_to_string(&cursor).expect("a cursor at the start");
-    post_many(&server.addr, &planner, "run", 3)
+    post_many(&server.addr, planner, "run", 3)
         .join()
         .expect("3 plans");
 
@@ -497,7 +511,7 @@ cat >> "$d/delivered""#,
             &script,
         ],
         &base,
-        &reader,
+        reader,
     )
     .output()
     .expect("follow --exec");
