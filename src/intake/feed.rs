@@ -6,7 +6,7 @@ use super::receipt::{CorruptRow, PlanView, Receipt};
 use crate::deadline::Deadline;
 use crate::metrics::Metrics;
 use crate::storage::Database;
-use crate::storage::feed::{self as stored, FeedPosition};
+use crate::storage::feed::{self as stored, FeedPosition, PageRows};
 
 /// A place in the feed, handed to readers as an opaque string. The default
 /// is the start of the feed.
@@ -58,27 +58,21 @@ pub(super) fn page(
     expand: bool,
     deadline: &Deadline,
 ) -> Result<Page, ReadError> {
-    let (rows, horizon) = db.read(deadline, |conn| stored::feed_page(conn, after.0, limit))?;
+    let (rows, horizon) = db.read(deadline, |conn| {
+        stored::feed_page(conn, after.0, limit, expand)
+    })?;
     metrics.set_feed_lag(horizon.lag_seconds);
-    let next = rows
-        .last()
-        .map(|(xid, row)| {
-            Cursor(FeedPosition {
-                xid: *xid,
-                id: row.id,
-            })
-        })
-        .unwrap_or(after);
-    let entries = rows
-        .iter()
-        .map(|(_, row)| -> Result<FeedEntry, CorruptRow> {
-            Ok(if expand {
-                FeedEntry::Plan(PlanView::from_row(row)?)
-            } else {
-                FeedEntry::Receipt(Receipt::from_row(&row.receipt_row(), None)?)
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let next = rows.last_position().map_or(after, Cursor);
+    let entries = match &rows {
+        PageRows::Receipts(rows) => rows
+            .iter()
+            .map(|(_, row)| Receipt::from_row(row, None).map(FeedEntry::Receipt))
+            .collect::<Result<Vec<_>, CorruptRow>>()?,
+        PageRows::Plans(rows) => rows
+            .iter()
+            .map(|(_, row)| PlanView::from_row(row).map(FeedEntry::Plan))
+            .collect::<Result<Vec<_>, CorruptRow>>()?,
+    };
     Ok(Page { entries, next })
 }
 

@@ -119,12 +119,9 @@ impl Intake {
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<Receipt>, ReadError> {
-        let found = read::readable(&self.db, login, receipt_id, deadline)?;
-        if found.is_some() {
-            self.db.await_replicated(deadline)?;
-        }
-        found
-            .map(|row| Receipt::from_row(&row.receipt_row(), None).map_err(Into::into))
+        let found = read::readable_receipt(&self.db, login, receipt_id, deadline)?;
+        self.replicated(found, deadline)?
+            .map(|row| Receipt::from_row(&row, None).map_err(Into::into))
             .transpose()
     }
 
@@ -135,13 +132,19 @@ impl Intake {
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<PlanView>, ReadError> {
-        let found = read::readable(&self.db, login, receipt_id, deadline)?;
+        let found = read::readable_plan(&self.db, login, receipt_id, deadline)?;
+        self.replicated(found, deadline)?
+            .map(|row| PlanView::from_row(&row).map_err(Into::into))
+            .transpose()
+    }
+
+    /// `found`, once the synchronous standby has it too (nothing to wait
+    /// for when nothing was found).
+    fn replicated<T>(&self, found: Option<T>, deadline: &Deadline) -> Result<Option<T>, ReadError> {
         if found.is_some() {
             self.db.await_replicated(deadline)?;
         }
-        found
-            .map(|row| PlanView::from_row(&row).map_err(Into::into))
-            .transpose()
+        Ok(found)
     }
 
     // The feed.

@@ -6,7 +6,7 @@ use super::login::LoginError;
 use super::receipt::CorruptRow;
 use super::{Login, Permission};
 use crate::deadline::Deadline;
-use crate::storage::plans::{self, PlanRow};
+use crate::storage::plans::{self, PlanRow, ReceiptRow};
 use crate::storage::{Database, Durability, StorageError};
 
 /// A read that could not answer.
@@ -50,17 +50,30 @@ impl From<LoginError> for ReadError {
 /// The plan `receipt_id`, if `login` may see it: `receipts:read` sees
 /// every plan, a planner only its own; anything else is as if it did not
 /// exist, so a planner cannot learn that another maker's receipt exists.
-pub(super) fn readable(
+pub(super) fn readable_plan(
     db: &Database,
     login: &Login,
     receipt_id: &str,
     deadline: &Deadline,
 ) -> Result<Option<PlanRow>, ReadError> {
     let row = db.read(deadline, |conn| plans::find_by_receipt(conn, receipt_id))?;
-    Ok(row.filter(|row| {
-        login.has(Permission::ReceiptsRead)
-            || (login.has(Permission::PlansSubmit) && row.maker == login.name)
-    }))
+    Ok(row.filter(|row| may_see(login, &row.maker)))
+}
+
+/// The receipt `receipt_id` (its plan's content unread), under the same rule.
+pub(super) fn readable_receipt(
+    db: &Database,
+    login: &Login,
+    receipt_id: &str,
+    deadline: &Deadline,
+) -> Result<Option<ReceiptRow>, ReadError> {
+    let row = db.read(deadline, |conn| plans::find_receipt(conn, receipt_id))?;
+    Ok(row.filter(|row| may_see(login, &row.maker)))
+}
+
+fn may_see(login: &Login, maker: &str) -> bool {
+    login.has(Permission::ReceiptsRead)
+        || (login.has(Permission::PlansSubmit) && maker == login.name)
 }
 
 /// What the database's commit settings mean for an acknowledged plan.

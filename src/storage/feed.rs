@@ -8,7 +8,7 @@ pub mod signal;
 use diesel::prelude::*;
 
 use super::DbConn;
-use super::plans::PlanRow;
+use super::plans::{PlanRow, ReceiptRow};
 use super::schema::plans;
 use crate::with_conn;
 
@@ -87,65 +87,97 @@ pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
         .unwrap_or_default())
 }
 
+/// A feed page's rows: receipts only, or whole plans (`expand`).
+pub enum PageRows {
+    Receipts(Vec<(i64, ReceiptRow)>),
+    Plans(Vec<(i64, PlanRow)>),
+}
+
+impl PageRows {
+    /// The feed position of the page's last row.
+    pub fn last_position(&self) -> Option<FeedPosition> {
+        let last = match self {
+            Self::Receipts(rows) => rows.last().map(|(xid, row)| (*xid, row.id)),
+            Self::Plans(rows) => rows.last().map(|(xid, row)| (*xid, row.id)),
+        };
+        last.map(|(xid, id)| FeedPosition { xid, id })
+    }
+}
+
 /// Up to `limit` settled plans after `after`, in feed order `(feed_xid,
-/// id)`, and the horizon they were read under. Any plan still to commit
-/// takes a position at or above the horizon, so it sorts after everything
-/// returned, and a reader following the cursor never skips one, even when
-/// ids commit out of order.
-pub fn feed_page(
-    conn: &mut DbConn,
-    after: FeedPosition,
-    limit: i64,
-) -> QueryResult<(Vec<(i64, PlanRow)>, Horizon)> {
-    let horizon = feed_horizon(conn)?;
-    let below = horizon.below.unwrap_or(i64::MAX);
-    use diesel::sql_types::{BigInt, Bool};
-    let rows = match conn {
-        // A row comparison: one range on `plans_feed_ix` in every plan. The
-        // equivalent `a > x OR (a = x AND b > y)` made Postgres's generic
-        // plan scan the index from its start (30 ms at 60k plans, growing
-        // with the table).
-        DbConn::Postgres(pg) => plans::table
-            .filter(
-                diesel::dsl::sql::<Bool>("(feed_xid, id) > (")
-                    .bind::<BigInt, _>(after.xid)
-                    .sql(", ")
-                    .bind::<BigInt, _>(after.id)
-                    .sql(")"),
-            )
-            .filter(plans::feed_xid.lt(below))
-            .order((plans::feed_xid.asc(), plans::id.asc()))
-            .limit(limit)
-            .select((plans::feed_xid, PlanRow::as_select()))
-            .load(pg)?,
-        // SQLite seeks the index only on its first column for either form
-        // of "after (x, y)" (measured: a page 290k plans deep scanned all
-        // of them, 50 ms); split, each half is a seek: the rest of x's
-        // positions, then the positions past x (none on SQLite, where
-        // feed_xid is 0 and the order is id's).
-        DbConn::Sqlite(lite) => {
-            let mut rows: Vec<(i64, PlanRow)> = plans::table
+/// id)`, each as `$row` (a plan's content is read only when the page
+/// shows it).
+macro_rules! page_rows {
+    ($conn:expr, $after:expr, $below:expr, $limit:expr, $row:ty) => {{
+        use diesel::sql_types::{BigInt, Bool};
+        let (after, below, limit): (FeedPosition, i64, i64) = ($after, $below, $limit);
+        match $conn {
+            // A row comparison: one range on `plans_feed_ix` in every plan.
+            // The equivalent `a > x OR (a = x AND b > y)` made Postgres's
+            // generic plan scan the index from its start (30 ms at 60k
+            // plans, growing with the table).
+            DbConn::Postgres(pg) => plans::table
+                .filter(
+                    diesel::dsl::sql::<Bool>("(feed_xid, id) > (")
+                        .bind::<BigInt, _>(after.xid)
+                        .sql(", ")
+                        .bind::<BigInt, _>(after.id)
+                        .sql(")"),
+                )
+                .filter(plans::feed_xid.lt(below))
+                .order((plans::feed_xid.asc(), plans::id.asc()))
+                .limit(limit)
+                .select((plans::feed_xid, <$row>::as_select()))
+                .load::<(i64, $row)>(pg),
+            // SQLite seeks the index only on its first column for either
+            // form of "after (x, y)" (measured: a page 290k plans deep
+            // scanned all of them, 50 ms); split, each half is a seek: the
+            // rest of x's positions, then the positions past x (none on
+            // SQLite, where feed_xid is 0 and the order is id's).
+            DbConn::Sqlite(lite) => plans::table
                 .filter(plans::feed_xid.eq(after.xid))
                 .filter(plans::id.gt(after.id))
                 .filter(plans::feed_xid.lt(below))
                 .order((plans::feed_xid.asc(), plans::id.asc()))
                 .limit(limit)
-                .select((plans::feed_xid, PlanRow::as_select()))
-                .load(lite)?;
-            let missing = limit - rows.len() as i64;
-            if missing > 0 {
-                rows.extend(
-                    plans::table
-                        .filter(plans::feed_xid.gt(after.xid))
-                        .filter(plans::feed_xid.lt(below))
-                        .order((plans::feed_xid.asc(), plans::id.asc()))
-                        .limit(missing)
-                        .select((plans::feed_xid, PlanRow::as_select()))
-                        .load::<(i64, PlanRow)>(lite)?,
-                );
-            }
-            rows
+                .select((plans::feed_xid, <$row>::as_select()))
+                .load::<(i64, $row)>(lite)
+                .and_then(|mut rows| {
+                    let missing = limit - rows.len() as i64;
+                    if missing > 0 {
+                        rows.extend(
+                            plans::table
+                                .filter(plans::feed_xid.gt(after.xid))
+                                .filter(plans::feed_xid.lt(below))
+                                .order((plans::feed_xid.asc(), plans::id.asc()))
+                                .limit(missing)
+                                .select((plans::feed_xid, <$row>::as_select()))
+                                .load::<(i64, $row)>(lite)?,
+                        );
+                    }
+                    Ok(rows)
+                }),
         }
+    }};
+}
+
+/// Up to `limit` settled plans after `after`, in feed order `(feed_xid,
+/// id)`, with their content only when `with_content`, and the horizon they
+/// were read under. Any plan still to commit takes a position at or above
+/// the horizon, so it sorts after everything returned, and a reader
+/// following the cursor never skips one, even when ids commit out of order.
+pub fn feed_page(
+    conn: &mut DbConn,
+    after: FeedPosition,
+    limit: i64,
+    with_content: bool,
+) -> QueryResult<(PageRows, Horizon)> {
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
+    let rows = if with_content {
+        PageRows::Plans(page_rows!(conn, after, below, limit, PlanRow)?)
+    } else {
+        PageRows::Receipts(page_rows!(conn, after, below, limit, ReceiptRow)?)
     };
     Ok((rows, horizon))
 }

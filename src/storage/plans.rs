@@ -437,10 +437,23 @@ pub fn count_keys_before(conn: &mut DbConn, before: NaiveDateTime) -> QueryResul
         .get_result(c))
 }
 
+/// The query for the plan `$receipt_id` as `$row` (`PlanRow`, or
+/// `ReceiptRow` to leave its content unread).
+macro_rules! by_receipt {
+    ($conn:expr, $receipt_id:expr, $row:ty) => {
+        with_conn!($conn, c => plans::table
+            .filter(plans::receipt_id.eq($receipt_id))
+            .select(<$row>::as_select())
+            .get_result(c)
+            .optional())
+    };
+}
+
 pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<PlanRow>> {
-    with_conn!(conn, c => plans::table
-        .filter(plans::receipt_id.eq(receipt_id))
-        .select(PlanRow::as_select())
-        .get_result(c)
-        .optional())
+    by_receipt!(conn, receipt_id, PlanRow)
+}
+
+/// The receipt columns of the plan `receipt_id`, its content unread.
+pub fn find_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<ReceiptRow>> {
+    by_receipt!(conn, receipt_id, ReceiptRow)
 }
