@@ -568,6 +568,23 @@ impl CanonicalWriter<'_, '_> {
         Ok(())
     }
 
+    /// A map whose opening was read: `{}`, a number, or an object.
+    fn map_from<'de, A: MapAccess<'de>>(
+        self,
+        access: A,
+        opening: Opening<'de>,
+    ) -> Result<(), A::Error> {
+        match opening {
+            Opening::EmptyObject => {
+                self.strict.nested::<A::Error>()?;
+                self.out.push_str("{}");
+                Ok(())
+            }
+            Opening::Number(text) => self.number(&text),
+            Opening::Object(first) => self.object_from(access, first),
+        }
+    }
+
     /// The rest of an object whose first member name, `first`, was read.
     fn object_from<'de, A: MapAccess<'de>>(
         self,
@@ -686,19 +703,28 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<(), A::Error> {
-        match access.next_key_seed(Name)? {
-            None => {
-                self.strict.nested::<A::Error>()?;
-                self.out.push_str("{}");
-                Ok(())
-            }
-            Some(name) if name == NUMBER_TOKEN => {
-                // Not an object: a number, as its text (`arbitrary_precision`).
-                let text: String = access.next_value()?;
-                self.number(&text)
-            }
-            Some(name) => self.object_from(access, name),
-        }
+        let opening = Opening::read(&mut access)?;
+        self.map_from(access, opening)
+    }
+}
+
+/// What a map's first entry makes of it. With `arbitrary_precision`,
+/// serde_json hands a number over as a map whose only key is
+/// `NUMBER_TOKEN`, its value the number's text.
+enum Opening<'de> {
+    EmptyObject,
+    Number(String),
+    /// An object, and the name of its first member.
+    Object(Cow<'de, str>),
+}
+
+impl<'de> Opening<'de> {
+    fn read<A: MapAccess<'de>>(access: &mut A) -> Result<Self, A::Error> {
+        Ok(match access.next_key_seed(Name)? {
+            None => Self::EmptyObject,
+            Some(name) if name == NUMBER_TOKEN => Self::Number(access.next_value()?),
+            Some(name) => Self::Object(name),
+        })
     }
 }
 
@@ -757,22 +783,15 @@ impl<'de> Visitor<'de> for ContentVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Content, A::Error> {
-        let mut out = String::new();
-        let writer = CanonicalWriter {
-            strict: self.strict,
-            out: &mut out,
-        };
-        match access.next_key_seed(Name)? {
-            None => {
-                self.strict.nested::<A::Error>()?;
-                Ok(Content::Object("{}".to_owned()))
-            }
-            Some(name) if name == NUMBER_TOKEN => {
-                let text: String = access.next_value()?;
-                self.strict.number(&text).map(Content::Other)
-            }
-            Some(name) => {
-                writer.object_from(access, name)?;
+        match Opening::read(&mut access)? {
+            Opening::Number(text) => self.strict.number(&text).map(Content::Other),
+            object => {
+                let mut out = String::new();
+                CanonicalWriter {
+                    strict: self.strict,
+                    out: &mut out,
+                }
+                .map_from(access, object)?;
                 Ok(Content::Object(out))
             }
         }
@@ -837,17 +856,16 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Members, A::Error> {
         let strict = self.strict;
-        let mut next = match access.next_key_seed(Name)? {
-            None => {
+        let mut next = match Opening::read(&mut access)? {
+            Opening::EmptyObject => {
                 strict.nested::<A::Error>()?;
                 None
             }
-            Some(name) if name == NUMBER_TOKEN => {
-                let text: String = access.next_value()?;
+            Opening::Number(text) => {
                 strict.number::<A::Error>(&text)?;
                 return Ok(Members::NotObject);
             }
-            first => first,
+            Opening::Object(first) => Some(first),
         };
         let mut names = Names::default();
         let mut kept = Map::new();
