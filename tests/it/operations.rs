@@ -363,8 +363,13 @@ fn sigterm_during_a_burst_answers_every_request_completely_and_exits_0() {
             })
         })
         .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while answered.load(Ordering::SeqCst) < 40 {
-        thread::yield_now();
+        assert!(
+            std::time::Instant::now() < deadline && !clients.iter().all(|c| c.is_finished()),
+            "40 answers never came"
+        );
+        thread::sleep(std::time::Duration::from_millis(2));
     }
     stop.store(true, Ordering::SeqCst);
     let status = server.terminate();

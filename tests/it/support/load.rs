@@ -45,10 +45,15 @@ pub struct Load {
 /// Waits until `reached()`; panics instead of hanging if every client has
 /// stopped first (none of them heard an answer).
 fn wait_until(clients: &[JoinHandle<Vec<Sent>>], what: &str, reached: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while !reached() {
         assert!(
             !clients.iter().all(JoinHandle::is_finished),
             "every load client stopped before {what}: the service gave no answer"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
         );
         thread::sleep(Duration::from_millis(5));
     }

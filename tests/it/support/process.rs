@@ -42,6 +42,9 @@ pub struct ServeProcess {
     pub addr: String,
     /// Every line the service wrote to stderr so far.
     pub log: Arc<Mutex<Vec<String>>>,
+    /// The thread that moves stderr's lines into `log`; it ends at the
+    /// pipe's end, once the process has exited.
+    drain: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ServeProcess {
@@ -90,15 +93,21 @@ impl ServeProcess {
         };
         // Keep draining (a full pipe would block the service's logging) and keep the lines.
         let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
+        let drain = std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 sink.lock().expect("log").push(line);
             }
         });
-        Self { child, addr, log }
+        Self {
+            child,
+            addr,
+            log,
+            drain: Some(drain),
+        }
     }
 
-    /// SIGTERM, then the exit status once the process has stopped.
+    /// SIGTERM, then the exit status once the process has stopped and
+    /// every line it wrote is in `log`.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill")
@@ -106,7 +115,11 @@ impl ServeProcess {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM failed");
-        self.child.wait().expect("wait for plan-intake")
+        let status = self.child.wait().expect("wait for plan-intake");
+        if let Some(drain) = self.drain.take() {
+            drain.join().expect("the log drain");
+        }
+        status
     }
 
     /// CPU seconds the service has used so far (user + system), from
