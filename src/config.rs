@@ -13,6 +13,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_MAX_INFLIGHT_PER_LOGIN: usize = 16;
 pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bytes of plans one expanded feed page holds before it stops early.
+pub const DEFAULT_FEED_PAGE_BYTES: usize = 16 * 1024 * 1024;
 /// How long a request waits for room among the bodies in flight before 503.
 pub const BODY_BYTES_PATIENCE: Duration = Duration::from_secs(1);
 /// How long an idle keep-alive connection stays open.
@@ -26,8 +28,13 @@ pub struct HttpConfig {
     pub request_timeout: Duration,
     /// Submissions one login may have in flight; more is a 429.
     pub max_inflight_per_login: usize,
-    /// Bytes of request bodies held at once; past it, a short wait, then 503.
+    /// Bytes of request bodies and expanded reads held at once; past it, a
+    /// short wait, then 503.
     pub max_body_bytes_in_flight: usize,
+    /// Bytes of plans (content and approved inputs) one expanded feed page
+    /// holds before it stops early with its `next`; one larger plan is a
+    /// page of one.
+    pub feed_page_bytes: usize,
     /// A request's head, and its body, must arrive within this (408).
     pub client_timeout: Duration,
 }
@@ -39,6 +46,7 @@ impl Default for HttpConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_inflight_per_login: DEFAULT_MAX_INFLIGHT_PER_LOGIN,
             max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+            feed_page_bytes: DEFAULT_FEED_PAGE_BYTES,
             client_timeout: DEFAULT_CLIENT_TIMEOUT,
         }
     }

@@ -13,8 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use plan_intake::client::{self, Client, FollowError, FollowOptions, SubmitError, SubmitOptions};
 use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_DATABASE_URL,
-    DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
+    DEFAULT_FEED_PAGE_BYTES, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
 };
 use plan_intake::intake::login::{self as logins, LoginError};
 use plan_intake::intake::receipt::format_timestamp;
@@ -108,9 +108,12 @@ enum Command {
         /// Submissions one login may have in flight; past it, 429 with Retry-After and nothing written
         #[arg(long, env = "PLAN_INTAKE_MAX_INFLIGHT_PER_LOGIN", default_value_t = DEFAULT_MAX_INFLIGHT_PER_LOGIN as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         max_inflight_per_login: u32,
-        /// Bytes of request bodies held at once; past it a request waits up to 1 s, then gets 503 with Retry-After
+        /// Bytes of request bodies and expanded reads held at once; past it a request waits up to 1 s, then gets 503 with Retry-After
         #[arg(long, env = "PLAN_INTAKE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, value_parser = parse_bytes_in_flight)]
         max_body_bytes_in_flight: usize,
+        /// Bytes of plans one `expand=plan` feed page holds; past it the page ends early with its `next` (one larger plan is a page of one)
+        #[arg(long, env = "PLAN_INTAKE_FEED_PAGE_BYTES", default_value_t = DEFAULT_FEED_PAGE_BYTES, value_parser = parse_bytes_in_flight)]
+        feed_page_bytes: usize,
         /// A request's head, and then its body, must arrive within this many ms (408 otherwise)
         #[arg(long, env = "PLAN_INTAKE_CLIENT_TIMEOUT_MS", default_value_t = millis(DEFAULT_CLIENT_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
         client_timeout_ms: u64,
@@ -316,10 +319,25 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("plan-intake: error: {}", plan_intake::report::chain(&e));
+            use std::io::Write;
+            // A broken stderr is not worth a panic: the exit status tells.
+            let _ = writeln!(
+                std::io::stderr(),
+                "plan-intake: error: {}",
+                plan_intake::report::chain(&e)
+            );
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// One line on stdout, checked and flushed: a closed, full or broken
+/// stdout ends the command with one line on stderr and exit 74, never a
+/// panic.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        client::stdout::line(&format!($($arg)*)).map_err(CommandError::Output)?
+    };
 }
 
 /// What stops a command, with its causes: one line, exit 1.
@@ -342,6 +360,9 @@ enum CommandError {
     /// A command line that parsed but cannot run: exit 2, like clap's own.
     #[error("{0}")]
     Usage(String),
+    /// Stdout is closed, full or a broken pipe: exit 74.
+    #[error("cannot write to stdout")]
+    Output(#[source] std::io::Error),
 }
 
 impl CommandError {
@@ -350,6 +371,7 @@ impl CommandError {
             Self::Submit(e) => e.exit_code(),
             Self::Follow(e) => e.exit_code(),
             Self::Usage(_) => 2,
+            Self::Output(_) | Self::Login(LoginError::NotHandedOver(_)) => 74,
             _ => 1,
         }
     }
@@ -443,6 +465,7 @@ fn run(command: Command) -> Result<(), CommandError> {
             workers,
             max_inflight_per_login,
             max_body_bytes_in_flight,
+            feed_page_bytes,
             client_timeout_ms,
         } => Ok(serve::run(ServeConfig {
             bind,
@@ -461,6 +484,7 @@ fn run(command: Command) -> Result<(), CommandError> {
                 request_timeout: Duration::from_millis(request_timeout_ms),
                 max_inflight_per_login: max_inflight_per_login as usize,
                 max_body_bytes_in_flight,
+                feed_page_bytes,
                 client_timeout: Duration::from_millis(client_timeout_ms),
             },
             retry: RetryPolicy {
@@ -493,7 +517,7 @@ fn run(command: Command) -> Result<(), CommandError> {
                     timeout: Duration::from_secs(timeout_secs),
                 },
             )?;
-            println!("{}", submitted.receipt);
+            say!("{}", submitted.receipt);
             Ok(())
         }
         Command::Follow {
@@ -518,22 +542,29 @@ fn run(command: Command) -> Result<(), CommandError> {
                 ..FollowOptions::new(cursor_file)
             };
             let stop = stop_on_signals()?;
-            let followed = client::follow(&client, &options, &stop, &mut std::io::stdout().lock())?;
+            let mut out = client::stdout::open().map_err(FollowError::Output)?;
+            let followed = client::follow(&client, &options, &stop, &mut out)?;
             eprintln!(
-                "stopped after {} receipt(s) in {} page(s); the cursor is saved",
-                followed.receipts, followed.pages
+                "stopped after {} receipt(s) in {} page(s); {}",
+                followed.receipts,
+                followed.pages,
+                if followed.cursor_saved {
+                    "the cursor is saved"
+                } else {
+                    "the cursor is unchanged"
+                }
             );
             Ok(())
         }
-        Command::Migrate { db, action } => Ok(migrate(&db, action)?),
-        Command::Logins { db, action } => Ok(manage_logins(&db, action)?),
-        Command::Keys { db, action } => Ok(manage_keys(&db, action)?),
+        Command::Migrate { db, action } => migrate(&db, action),
+        Command::Logins { db, action } => manage_logins(&db, action),
+        Command::Keys { db, action } => manage_keys(&db, action),
         Command::Verify { db } => match verify::run(&db.database_url)? {
             0 => Ok(()),
             failed => Err(CommandError::ChecksFailed(failed)),
         },
         Command::VerifyContender { db } => {
-            println!("{}", verify::contend(&db.database_url)?);
+            say!("{}", verify::contend(&db.database_url)?);
             Ok(())
         }
     }
@@ -595,12 +626,12 @@ fn open_single(
     Database::open(&db.database_url, &options, migrate)?.conn()
 }
 
-fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError> {
+fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError> {
     let changes_schema = matches!(action, MigrateAction::Run | MigrateAction::Revert { .. });
     if changes_schema && db.pg_pooler == PgPooler::Transaction {
-        return Err(StorageError::Config(
+        return Err(CommandError::Storage(StorageError::Config(
             "`migrate run` and `migrate revert` hold a session-level lock, which a transaction-mode pooler does not keep: connect directly to Postgres for migrations".to_owned(),
-        ));
+        )));
     }
     let mut conn = open_single(db, MigrateOnOpen::Skip)?;
     let conn: &mut DbConn = &mut conn;
@@ -617,10 +648,10 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
         MigrateAction::Status => {
             let pending = migrations::pending(conn)?;
             for name in migrations::applied(conn)? {
-                println!("applied  {name}");
+                say!("applied  {name}");
             }
             for name in pending {
-                println!("pending  {name}");
+                say!("pending  {name}");
             }
         }
         MigrateAction::Print { revert: false } => {
@@ -629,11 +660,11 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
                 eprintln!("no pending migrations");
             }
             for (name, sql) in planned {
-                println!("-- {name}\n{}\n", sql.trim_end());
+                say!("-- {name}\n{}\n", sql.trim_end());
             }
         }
         MigrateAction::Print { revert: true } => match migrations::revert_sql(conn)? {
-            Some((name, sql)) => println!("-- revert {name}\n{}\n", sql.trim_end()),
+            Some((name, sql)) => say!("-- revert {name}\n{}\n", sql.trim_end()),
             None => eprintln!("no applied migrations"),
         },
         MigrateAction::Revert { yes } => {
@@ -649,30 +680,30 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), StorageError>
                     .iter()
                     .map(|(t, n)| format!("{t} ({n} rows)"))
                     .collect();
-                return Err(StorageError::Config(format!(
+                return Err(CommandError::Storage(StorageError::Config(format!(
                     "reverting {name} would drop {}; run `migrate revert --yes` to drop them",
                     tables.join(", ")
-                )));
+                ))));
             }
             let name = migrations::revert_last(conn)?;
             eprintln!("reverted {name}");
         }
         MigrateAction::Grants { role, pruner: true } => {
-            println!("{}", migrations::pruner_grant_for(conn, &role)?);
+            say!("{}", migrations::pruner_grant_for(conn, &role)?);
         }
         MigrateAction::Grants {
             role,
             pruner: false,
         } => {
             for statement in migrations::grants_for(conn, &role)? {
-                println!("{statement}");
+                say!("{statement}");
             }
         }
     }
     Ok(())
 }
 
-fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), StorageError> {
+fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError> {
     let KeysAction::Prune {
         older_than,
         batch_size,
@@ -689,7 +720,7 @@ fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), StorageError
     Ok(())
 }
 
-fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), LoginError> {
+fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> {
     // Logins live in the migrated schema; a fresh database is made ready
     // first (directly; through a transaction pooler it must be migrated).
     let migrate = match db.pg_pooler {
@@ -704,8 +735,10 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), LoginErr
     let mut conn = open_single(db, migrate)?;
     match action {
         LoginsAction::Add { name, permissions } => {
-            let token = logins::create(&mut conn, &name, &permissions)?;
-            println!("{token}");
+            // Printed before the login is committed: no login without its token.
+            logins::create_handed_over(&mut conn, &name, &permissions, |token| {
+                client::stdout::line(token)
+            })?;
             eprintln!("created login `{name}`; the token above is shown only once");
         }
         LoginsAction::List => {
@@ -714,7 +747,7 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), LoginErr
                     Some(at) => format!("revoked {}", format_timestamp(&at)),
                     None => "active".to_owned(),
                 };
-                println!(
+                say!(
                     "{}\t{}\tcreated {}\t{state}",
                     login.name,
                     login.permissions,
@@ -727,8 +760,9 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), LoginErr
             eprintln!("revoked login `{name}`");
         }
         LoginsAction::Rotate { name, grace } => {
-            let token = logins::rotate(&mut conn, &name, grace)?;
-            println!("{token}");
+            logins::rotate_handed_over(&mut conn, &name, grace, |token| {
+                client::stdout::line(token)
+            })?;
             eprintln!(
                 "new token for login `{name}`, shown only once; the previous one works for {} more",
                 humantime::format_duration(grace)

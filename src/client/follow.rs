@@ -58,12 +58,15 @@ impl FollowOptions {
 pub struct Followed {
     pub pages: u64,
     pub receipts: u64,
+    /// Whether this run wrote the cursor file (it may not have, when it
+    /// stopped before it had anything to save).
+    pub cursor_saved: bool,
 }
 
 /// Why following cannot go on. [`FollowError::exit_code`] is the CLI's exit.
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
-    #[error("cursor file {}: {source}", path.display())]
+    #[error("cursor file {}", path.display())]
     CursorFile {
         path: PathBuf,
         #[source]
@@ -78,9 +81,9 @@ pub enum FollowError {
     #[error("unexpected answer: {0}")]
     Unexpected(String),
     /// The output is gone (a closed pipe): the page was not handed on.
-    #[error("cannot write the page: {0}")]
+    #[error("cannot write the page")]
     Output(#[source] io::Error),
-    #[error("cannot run `sh -c {command}`: {source}")]
+    #[error("cannot run `sh -c {command}`")]
     Exec {
         command: String,
         #[source]
@@ -127,9 +130,10 @@ pub fn follow(
         },
     };
     let mut done = Followed::default();
-    let Some(mut cursor) = run.starting_cursor()? else {
+    let Some((mut cursor, saved)) = run.starting_cursor()? else {
         return Ok(done);
     };
+    done.cursor_saved = saved;
     loop {
         let Some(page) = run.fetch(cursor.as_deref(), options.wait)? else {
             return Ok(done);
@@ -137,6 +141,7 @@ pub fn follow(
         if page.receipts.is_empty() {
             if cursor.as_deref() != Some(page.next.as_str()) {
                 save_cursor(&options.cursor_file, &page.next)?;
+                done.cursor_saved = true;
                 cursor = Some(page.next);
             }
             if options.drain || stop.load(Ordering::SeqCst) {
@@ -148,6 +153,7 @@ pub fn follow(
             return Ok(done);
         }
         save_cursor(&options.cursor_file, &page.next)?;
+        done.cursor_saved = true;
         done.pages += 1;
         done.receipts += page.receipts.len() as u64;
         cursor = Some(page.next);
@@ -168,24 +174,25 @@ impl Run<'_> {
     /// The saved cursor; with none, the feed's start (`--from-start`: no
     /// cursor) or its current end, saved at once so that a crash before the
     /// first page cannot move the start past receipts written meanwhile.
-    /// `None`: asked to stop before a start was known.
-    fn starting_cursor(&mut self) -> Result<Option<Option<String>>, FollowError> {
+    /// `None`: asked to stop before a start was known. With the cursor,
+    /// whether it was saved just now.
+    fn starting_cursor(&mut self) -> Result<Option<(Option<String>, bool)>, FollowError> {
         let path = &self.options.cursor_file;
         match std::fs::read_to_string(path) {
             Ok(text) if text.trim().is_empty() => Err(FollowError::BadCursor(format!(
                 "cursor file {} is empty; remove it to start at the feed's end",
                 path.display()
             ))),
-            Ok(text) => Ok(Some(Some(text.trim().to_owned()))),
+            Ok(text) => Ok(Some((Some(text.trim().to_owned()), false))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if self.options.from_start {
-                    return Ok(Some(None));
+                    return Ok(Some((None, false)));
                 }
                 let Some(end) = self.fetch(Some(crate::intake::feed::NOW), Duration::ZERO)? else {
                     return Ok(None);
                 };
                 save_cursor(path, &end.next)?;
-                Ok(Some(Some(end.next)))
+                Ok(Some((Some(end.next), true)))
             }
             Err(source) => Err(FollowError::CursorFile {
                 path: path.clone(),
@@ -225,6 +232,12 @@ impl Run<'_> {
                                     "a page that is not a feed page: {e}"
                                 ))
                             });
+                    }
+                    400 if answer.body.contains(CURSOR_NOT_IN_FEED) => {
+                        return Err(FollowError::BadCursor(format!(
+                            "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped: remove the file to start at the feed's current end, or remove it and pass --from-start to read the whole feed again (downstream must then tolerate repeats)",
+                            self.options.cursor_file.display(),
+                        )));
                     }
                     400 => return Err(FollowError::BadCursor(answer.summary())),
                     401 | 403 => return Err(FollowError::Denied(answer.summary())),
@@ -296,6 +309,16 @@ impl Run<'_> {
         loop {
             let why = match run_command(command, &lines) {
                 Ok(status) if status.success() => return Ok(true),
+                // `sh`'s own answer for a command it could not start: not
+                // found (127) or not executable (126). Retrying cannot help.
+                Ok(status) if matches!(status.code(), Some(126 | 127)) => {
+                    return Err(FollowError::Exec {
+                        command: command.clone(),
+                        source: io::Error::other(format!(
+                            "{status}: the command was not found or is not executable"
+                        )),
+                    });
+                }
                 Ok(status) => format!("`{command}` {status}"),
                 Err(source) => {
                     return Err(FollowError::Exec {
@@ -318,6 +341,9 @@ impl Run<'_> {
         }
     }
 }
+
+/// The problem type the service answers a cursor it cannot place with.
+const CURSOR_NOT_IN_FEED: &str = "problems/cursor-not-in-feed";
 
 /// How often a wait looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);

@@ -24,6 +24,7 @@
 //! ```
 
 mod follow;
+pub mod stdout;
 mod submit;
 
 use std::io::Read;

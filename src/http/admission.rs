@@ -46,6 +46,51 @@ pub struct LoginSlot {
 /// Bytes of one request's body, held until dropped.
 pub struct BodyBytes(#[allow(dead_code)] OwnedSemaphorePermit); // ok: held, never read
 
+/// What an expanded read holds for `bytes` of plans in `rows` rows: the rows
+/// read and the page written from them, each about the plans' size, and a
+/// receipt's worth per row.
+pub fn read_room(bytes: u64, rows: i64) -> usize {
+    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    let rows = usize::try_from(rows).unwrap_or(0);
+    bytes
+        .saturating_mul(2)
+        .saturating_add(rows.saturating_mul(1024))
+}
+
+/// A response body that keeps its room among the bytes in flight until it
+/// has been handed to the connection (or dropped with it).
+pub struct HeldBody {
+    bytes: actix_web::web::Bytes,
+    _room: BodyBytes,
+}
+
+impl HeldBody {
+    pub fn new(bytes: Vec<u8>, room: BodyBytes) -> Self {
+        Self {
+            bytes: bytes.into(),
+            _room: room,
+        }
+    }
+}
+
+impl actix_web::body::MessageBody for HeldBody {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        actix_web::body::BodySize::Sized(self.bytes.len() as u64)
+    }
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<actix_web::web::Bytes, Self::Error>>> {
+        let this = self.get_mut();
+        std::task::Poll::Ready(
+            (!this.bytes.is_empty()).then(|| Ok(std::mem::take(&mut this.bytes))),
+        )
+    }
+}
+
 impl Admission {
     pub fn new(max_per_login: usize, max_body_bytes: usize) -> Arc<Self> {
         Arc::new(Self {

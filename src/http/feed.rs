@@ -3,6 +3,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
+use super::admission::BodyBytes;
 use super::problem::{Problem, Refusals};
 use super::{ApiError, AppState, auth};
 use crate::deadline::Deadline;
@@ -31,14 +32,14 @@ pub struct FeedPage {
 #[utoipa::path(get, path = "/v1/receipts", tag = "reading",
     params(
         ("after" = Option<String>, Query, description = "The `next` of the previous page; `now`: start at the current end (an empty page whose `next` is the end); absent: from the start"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100)"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100); with `expand=plan` a page also ends early, with its `next`, once its plans pass the service's page budget (`--feed-page-bytes`, 16 MiB by default; one larger plan is a page of one)"),
         ("wait" = Option<u32>, Query, minimum = 0, maximum = 60, description = "Seconds to wait, with nothing past the cursor, for a receipt to join the feed (default 0): the answer comes as soon as one is visible, else an empty page after this long. Any instance's write wakes the wait."),
         ("expand" = Option<String>, Query, pattern = "^plan$", description = "`plan`: each entry is the whole plan (`{receipt, approved_inputs, content}`), as `GET /v1/plans/{receipt_id}` answers it"),
     ),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The next page; `next` is always present", body = FeedPage),
-        (status = 400, description = "A cursor this service did not issue, a limit outside 1-1000, a wait outside 0-60, an `expand` other than `plan`, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A cursor this service did not issue or one this feed cannot place (`cursor-not-in-feed`: another deployment's, a restored database's, past the end), a limit outside 1-1000, a wait outside 0-60, an `expand` other than `plan`, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
         Refusals,
     ))]
 pub async fn list_receipts(
@@ -71,18 +72,23 @@ pub async fn list_receipts(
         None => Cursor::default(),
     };
     let wait = feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
-    let page = read_or_wait(&state, after, limit, expand, wait, deadline).await?;
-    Ok(HttpResponse::Ok().json(FeedPage {
+    let (page, room) = read_or_wait(&state, after, limit, expand, wait, deadline).await?;
+    let page = FeedPage {
         receipts: page.entries,
         next: page.next.encode(),
-    }))
+    };
+    match room {
+        Some(room) => super::held_json(&page, room),
+        None => Ok(HttpResponse::Ok().json(page)),
+    }
 }
 
 /// A page past `after`; with nothing there, waits up to `wait` for a
 /// receipt to join the feed, holding no connection while it waits. Woken by
 /// any instance's write, and every `RECHECK` in any case (a write that
 /// aborts sends no notification, yet may have been what held a committed
-/// one back).
+/// one back). An expanded page comes with its room among the bytes in
+/// flight, to hold until it is sent.
 async fn read_or_wait(
     state: &AppState,
     after: Cursor,
@@ -90,21 +96,26 @@ async fn read_or_wait(
     expand: bool,
     wait: std::time::Duration,
     mut deadline: Deadline,
-) -> Result<feed::Page, ApiError> {
+) -> Result<(feed::Page, Option<BodyBytes>), ApiError> {
     const RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
     let until = std::time::Instant::now() + wait;
     let mut changes = state.intake.feed_changes();
     let metrics = &state.intake.metrics;
     loop {
         changes.borrow_and_update();
-        let page = state
-            .blocking(deadline, move |intake| {
-                intake.feed_page(after, limit, expand, &deadline)
-            })
-            .await?;
+        let (page, room) = if expand {
+            expanded_page(state, after, limit, deadline).await?
+        } else {
+            let page = state
+                .blocking(deadline, move |intake| {
+                    intake.feed_page(after, limit, false, &deadline)
+                })
+                .await?;
+            (page, None)
+        };
         let left = until.saturating_duration_since(std::time::Instant::now());
         if !page.entries.is_empty() || left.is_zero() {
-            return Ok(page);
+            return Ok((page, room));
         }
         let _waiting = metrics.feed_reader_waiting();
         if let Ok(Ok(())) = actix_web::rt::time::timeout(left.min(RECHECK), changes.changed()).await
@@ -113,4 +124,37 @@ async fn read_or_wait(
         }
         deadline = Deadline::after(state.http.request_timeout);
     }
+}
+
+/// A page of whole plans, read in bounded memory: first how many plans fit
+/// the page's byte budget (and how many bytes they are), then room for them
+/// among the bytes in flight (503 without it), then the plans themselves.
+async fn expanded_page(
+    state: &AppState,
+    after: Cursor,
+    limit: i64,
+    deadline: Deadline,
+) -> Result<(feed::Page, Option<BodyBytes>), ApiError> {
+    let budget = u64::try_from(state.http.feed_page_bytes).unwrap_or(u64::MAX);
+    let extent = state
+        .blocking(deadline, move |intake| {
+            intake.feed_extent(after, limit, budget, &deadline)
+        })
+        .await?;
+    if extent.rows == 0 {
+        let empty = feed::Page {
+            entries: Vec::new(),
+            next: after,
+        };
+        return Ok((empty, None));
+    }
+    let room = state
+        .room_to_read(extent.bytes, extent.rows, &deadline)
+        .await?;
+    let page = state
+        .blocking(deadline, move |intake| {
+            intake.feed_page(after, extent.rows, true, &deadline)
+        })
+        .await?;
+    Ok((page, Some(room)))
 }

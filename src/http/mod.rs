@@ -65,6 +65,36 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// Room among the bytes in flight for an expanded read of `bytes` of
+    /// plans in `rows` rows, waiting as a body would; 503 without it.
+    pub(crate) async fn room_to_read(
+        &self,
+        bytes: u64,
+        rows: i64,
+        deadline: &Deadline,
+    ) -> Result<admission::BodyBytes, ApiError> {
+        self.admission
+            .reserve_body(
+                admission::read_room(bytes, rows),
+                crate::config::BODY_BYTES_PATIENCE.min(deadline.remaining()),
+            )
+            .await
+            .ok_or(ApiError::BodiesInFlight)
+    }
+}
+
+/// A 200 with `value` as JSON whose body keeps `room` until it is sent.
+pub(crate) fn held_json<T: serde::Serialize>(
+    value: &T,
+    room: admission::BodyBytes,
+) -> Result<HttpResponse, ApiError> {
+    let body = serde_json::to_vec(value).map_err(|e| ApiError::Internal(Box::new(e)))?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(admission::HeldBody::new(body, room)))
+}
+
 /// The whole application: every route, wrapped in request logging. The
 /// service and the tests both build it here.
 pub fn app(

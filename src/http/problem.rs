@@ -29,6 +29,10 @@ pub enum ApiError {
     MalformedJson(String),
     #[error("{0}")]
     BadQuery(String),
+    /// A feed cursor from another deployment, a restored database or past
+    /// the end: 400, start again from `after=now` or the start.
+    #[error("{0}")]
+    CursorNotInFeed(String),
     #[error("the request body failed validation")]
     Invalid(Vec<FieldError>),
     #[error("idempotency key reused for a different request")]
@@ -45,9 +49,10 @@ pub enum ApiError {
         "login `{0}` already has its share of requests in flight; retry after the Retry-After delay with the same Idempotency-Key"
     )]
     Throttled(String),
-    /// The bodies of other requests fill the memory set aside for them: 503.
+    /// The bodies of other requests and expanded reads fill the memory set
+    /// aside for them: 503.
     #[error(
-        "too many request bodies are being handled; retry after the Retry-After delay with the same Idempotency-Key"
+        "too many request bodies and plan reads are being handled; retry after the Retry-After delay (a submission with the same Idempotency-Key)"
     )]
     BodiesInFlight,
     /// The client sent its body too slowly: 408, the connection is closed.
@@ -131,6 +136,7 @@ impl ApiError {
             | ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
             | ApiError::BadQuery(_)
+            | ApiError::CursorNotInFeed(_)
             | ApiError::Invalid(_)
             | ApiError::PayloadTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
@@ -148,6 +154,7 @@ impl ApiError {
             }
             ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
             ApiError::BadQuery(_) => ("invalid-query", "Invalid Query Parameters"),
+            ApiError::CursorNotInFeed(_) => ("cursor-not-in-feed", "Cursor Not In This Feed"),
             ApiError::Invalid(_) => ("validation-failed", "Validation Failed"),
             ApiError::KeyReused => ("idempotency-key-reused", "Idempotency Key Reused"),
             ApiError::PayloadTooLarge(_) => ("payload-too-large", "Payload Too Large"),
@@ -189,9 +196,10 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::BadIdempotencyKey(_) | ApiError::MalformedJson(_) | ApiError::BadQuery(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::BadIdempotencyKey(_)
+            | ApiError::MalformedJson(_)
+            | ApiError::BadQuery(_)
+            | ApiError::CursorNotInFeed(_) => StatusCode::BAD_REQUEST,
             ApiError::Invalid(_) | ApiError::KeyReused | ApiError::Refused(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -259,6 +267,7 @@ impl From<ReadError> for ApiError {
             ReadError::TimedOut(_) => ApiError::Timeout(Box::new(error)),
             ReadError::Unavailable(_) => ApiError::Unavailable(Box::new(error)),
             ReadError::Corrupt(_) => ApiError::Internal(Box::new(error)),
+            ReadError::CursorNotInFeed(refused) => ApiError::CursorNotInFeed(refused.to_string()),
         }
     }
 }

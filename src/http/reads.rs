@@ -42,14 +42,36 @@ pub async fn get_plan(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let plan = readable(
-        &req,
-        &state,
-        path.into_inner(),
-        |intake, login, id, deadline| intake.plan(login, id, deadline),
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(plan))
+    let login = signed_in_reader(&req, &state).await?;
+    let deadline = super::deadline::of(&req, &state);
+    let receipt_id = path.into_inner();
+    // How much the plan holds first, then room for it among the bytes in
+    // flight, then the plan: a read never holds more than it was given.
+    let sized = receipt_id.clone();
+    let bytes = state
+        .blocking(deadline, move |intake| intake.plan_bytes(&sized, &deadline))
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let room = state.room_to_read(bytes, 1, &deadline).await?;
+    let plan = state
+        .blocking(deadline, move |intake| {
+            intake.plan(&login, &receipt_id, &deadline)
+        })
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    super::held_json(&plan, room)
+}
+
+/// The caller, signed in and allowed to read receipts at all.
+async fn signed_in_reader(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
+    let login = auth::authenticate(req, state).await?;
+    if !login.has(Permission::ReceiptsRead) && !login.has(Permission::PlansSubmit) {
+        return Err(ApiError::Forbidden(format!(
+            "login `{}` may not read receipts",
+            login.name
+        )));
+    }
+    Ok(login)
 }
 
 /// Reads something by receipt id for an authenticated caller who may read
@@ -61,13 +83,7 @@ pub(super) async fn readable<T: Send + 'static>(
     receipt_id: String,
     read: impl FnOnce(&Intake, &Login, &str, &Deadline) -> Result<Option<T>, ReadError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let login = auth::authenticate(req, state).await?;
-    if !login.has(Permission::ReceiptsRead) && !login.has(Permission::PlansSubmit) {
-        return Err(ApiError::Forbidden(format!(
-            "login `{}` may not read receipts",
-            login.name
-        )));
-    }
+    let login = signed_in_reader(req, state).await?;
     let deadline = super::deadline::of(req, state);
     state
         .blocking(deadline, move |intake| {

@@ -5,24 +5,80 @@ use super::read::ReadError;
 use super::receipt::{CorruptRow, PlanView, Receipt};
 use crate::deadline::Deadline;
 use crate::metrics::Metrics;
-use crate::storage::Database;
-use crate::storage::feed::{self as stored, FeedPosition, PageRows};
+use diesel::QueryResult;
 
-/// A place in the feed, handed to readers as an opaque string. The default
-/// is the start of the feed.
+use crate::storage::feed::{self as stored, FeedPosition, PageRows, Standing};
+use crate::storage::{Database, DbConn};
+
+/// A place in the feed, handed to readers as an opaque string: the
+/// position of the last receipt read and a short hash of that receipt's id,
+/// so that a cursor is refused where it was not handed out (another
+/// deployment, a database restored to an earlier state, a position past
+/// the end) instead of answering pages that skip receipts. The default is
+/// the start of the feed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Cursor(pub(crate) FeedPosition);
+pub struct Cursor {
+    pub(crate) position: FeedPosition,
+    /// `None`: the start, or a `v1` cursor (issued before cursors carried
+    /// their receipt), which is placed by its position alone.
+    anchor: Option<Anchor>,
+}
+
+/// The first 8 bytes of blake3 over the receipt id at a cursor's position.
+type Anchor = [u8; 8];
+
+fn anchor_of(receipt_id: &str) -> Anchor {
+    let mut anchor = [0u8; 8];
+    anchor.copy_from_slice(&blake3::hash(receipt_id.as_bytes()).as_bytes()[..8]);
+    anchor
+}
 
 impl Cursor {
-    /// Opaque to readers: hex of `v1:{feed_xid}:{id}`.
+    /// The cursor after the receipt `receipt_id`, stored at `position`.
+    pub(crate) fn after_receipt(position: FeedPosition, receipt_id: &str) -> Self {
+        Self {
+            position,
+            anchor: Some(anchor_of(receipt_id)),
+        }
+    }
+
+    /// Opaque to readers: hex of `v2:{feed_xid}:{id}:{anchor}`.
     pub fn encode(self) -> String {
-        encode(self.0)
+        encode(self)
     }
 
     /// A cursor this service issued, or a message saying it is not one.
     pub fn decode(cursor: &str) -> Result<Self, String> {
-        decode(cursor).map(Cursor)
+        decode(cursor)
     }
+
+    /// Whether a plan stands where the cursor says, as it says: refused
+    /// when it cannot be placed in this feed's history.
+    fn placed(self, standing: &Standing) -> bool {
+        match (standing, self.anchor) {
+            (Standing::Start | Standing::PastAnEarlierTimeline, _) => true,
+            (Standing::At(_), None) => true,
+            (Standing::At(receipt_id), Some(anchor)) => anchor_of(receipt_id) == anchor,
+            (Standing::Nowhere, _) => false,
+        }
+    }
+}
+
+/// A cursor that cannot be placed in this feed's history.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this cursor was not handed out by this feed: it comes from another deployment, from a database restored to an earlier state, or lies past the feed's end; start again with `after=now` (the current end) or without `after` (the start)"
+)]
+pub struct CursorNotInFeed;
+
+/// `Err` when `after` cannot be placed in the feed `conn` reads.
+fn check_placed(conn: &mut DbConn, after: Cursor) -> QueryResult<Result<(), CursorNotInFeed>> {
+    let standing = stored::standing(conn, after.position)?;
+    Ok(if after.placed(&standing) {
+        Ok(())
+    } else {
+        Err(CursorNotInFeed)
+    })
 }
 
 /// One entry of a feed page: the receipt, or with `expand=plan` the whole
@@ -45,7 +101,35 @@ pub struct Page {
 /// The end of the settled feed: a reader starting there misses nothing
 /// still to come and pages through no history.
 pub(super) fn end(db: &Database, deadline: &Deadline) -> Result<Cursor, ReadError> {
-    Ok(Cursor(db.read(deadline, stored::feed_end)?))
+    let (position, receipt_id) = db.read(deadline, stored::feed_end)?;
+    Ok(receipt_id.map_or_else(Cursor::default, |receipt_id| {
+        Cursor::after_receipt(position, &receipt_id)
+    }))
+}
+
+/// How many plans after `after` one expanded page holds (up to `limit`,
+/// within `budget` bytes of content, at least one) and their bytes.
+pub(super) fn extent(
+    db: &Database,
+    after: Cursor,
+    limit: i64,
+    budget: u64,
+    deadline: &Deadline,
+) -> Result<Extent, ReadError> {
+    let (rows, bytes) = db.read(deadline, |conn| {
+        Ok(match check_placed(conn, after)? {
+            Ok(()) => Ok(stored::page_extent(conn, after.position, limit, budget)?),
+            Err(refused) => Err(refused),
+        })
+    })??;
+    Ok(Extent { rows, bytes })
+}
+
+/// What an expanded page will hold: its plans and their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub rows: i64,
+    pub bytes: u64,
 }
 
 /// Up to `limit` receipts after `after`, in feed order; with `expand`,
@@ -59,17 +143,24 @@ pub(super) fn page(
     deadline: &Deadline,
 ) -> Result<Page, ReadError> {
     let (rows, horizon) = db.read(deadline, |conn| {
-        stored::feed_page(conn, after.0, limit, expand)
-    })?;
+        Ok(match check_placed(conn, after)? {
+            Ok(()) => Ok(stored::feed_page(conn, after.position, limit, expand)?),
+            Err(refused) => Err(refused),
+        })
+    })??;
     metrics.set_feed_lag(horizon.lag_seconds);
-    let next = rows.last_position().map_or(after, Cursor);
-    let entries = match &rows {
+    let next = rows
+        .last_position()
+        .map_or(after, |(position, receipt_id)| {
+            Cursor::after_receipt(position, receipt_id)
+        });
+    let entries = match rows {
         PageRows::Receipts(rows) => rows
             .iter()
             .map(|(_, row)| Receipt::from_row(row, None).map(FeedEntry::Receipt))
             .collect::<Result<Vec<_>, CorruptRow>>()?,
         PageRows::Plans(rows) => rows
-            .iter()
+            .into_iter()
             .map(|(_, row)| PlanView::from_row(row).map(FeedEntry::Plan))
             .collect::<Result<Vec<_>, CorruptRow>>()?,
     };
@@ -78,20 +169,32 @@ pub(super) fn page(
 
 pub const DEFAULT_LIMIT: i64 = 100;
 pub const MAX_LIMIT: i64 = 1000;
-const VERSION: &str = "v1";
+/// `v2` cursors carry their receipt's anchor; `v1` cursors (before) are
+/// still read, placed by their position alone.
+const VERSION: &str = "v2";
+const VERSION_1: &str = "v1";
 /// `after=now`: start at the current end of the feed.
 pub const NOW: &str = "now";
 
-fn encode(position: FeedPosition) -> String {
-    format!("{VERSION}:{}:{}", position.xid, position.id)
-        .bytes()
+fn encode(cursor: Cursor) -> String {
+    let anchor: String = cursor
+        .anchor
+        .iter()
+        .flatten()
         .map(|b| format!("{b:02x}"))
-        .collect()
+        .collect();
+    format!(
+        "{VERSION}:{}:{}:{anchor}",
+        cursor.position.xid, cursor.position.id
+    )
+    .bytes()
+    .map(|b| format!("{b:02x}"))
+    .collect()
 }
 
-fn decode(cursor: &str) -> Result<FeedPosition, String> {
+fn decode(cursor: &str) -> Result<Cursor, String> {
     let invalid = || "`after` is not a cursor this service issued".to_owned();
-    if !cursor.len().is_multiple_of(2) || cursor.len() > 128 {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 256 {
         return Err(invalid());
     }
     let bytes = (0..cursor.len())
@@ -100,14 +203,33 @@ fn decode(cursor: &str) -> Result<FeedPosition, String> {
         .collect::<Result<Vec<u8>, _>>()
         .map_err(|_| invalid())?;
     let text = String::from_utf8(bytes).map_err(|_| invalid())?;
-    let mut parts = text.split(':');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(VERSION), Some(xid), Some(id), None) => Ok(FeedPosition {
-            xid: xid.parse().map_err(|_| invalid())?,
-            id: id.parse().map_err(|_| invalid())?,
-        }),
-        _ => Err(invalid()),
+    let parts: Vec<&str> = text.split(':').collect();
+    let (xid, id, anchor) = match parts.as_slice() {
+        [VERSION_1, xid, id] => (*xid, *id, None),
+        [VERSION, xid, id, anchor] => (*xid, *id, Some(*anchor)),
+        _ => return Err(invalid()),
+    };
+    let position = FeedPosition {
+        xid: xid.parse().map_err(|_| invalid())?,
+        id: id.parse().map_err(|_| invalid())?,
+    };
+    let anchor = match anchor {
+        None | Some("") => None,
+        Some(hex) if hex.len() == 16 => {
+            let mut anchor = [0u8; 8];
+            for (i, byte) in anchor.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("zz"), 16)
+                    .map_err(|_| invalid())?;
+            }
+            Some(anchor)
+        }
+        Some(_) => return Err(invalid()),
+    };
+    // Only the start has no receipt to anchor to.
+    if anchor.is_none() && parts[0] == VERSION && position != FeedPosition::default() {
+        return Err(invalid());
     }
+    Ok(Cursor { position, anchor })
 }
 
 /// `limit` as sent (absent: the default), within 1–1000.
@@ -147,10 +269,47 @@ mod tests {
             xid: 7_000_123,
             id: 42,
         };
-        assert_eq!(decode(&encode(position)), Ok(position));
-        for bad in ["", "zz", "abc", "76323a313a", &encode(position)[2..]] {
+        let cursor = Cursor::after_receipt(position, "r-1");
+        assert_eq!(decode(&encode(cursor)), Ok(cursor));
+        assert_eq!(decode(&encode(Cursor::default())), Ok(Cursor::default()));
+        let hex = |text: &str| -> String { text.bytes().map(|b| format!("{b:02x}")).collect() };
+        // A cursor issued before cursors carried their receipt.
+        assert_eq!(
+            decode(&hex("v1:7000123:42")),
+            Ok(Cursor {
+                position,
+                anchor: None
+            })
+        );
+        for bad in [
+            "",
+            "zz",
+            "abc",
+            "76323a313a",
+            &encode(cursor)[2..],
+            &hex("v2:7000123:42:"),
+            &hex("v2:7000123:42:0011"),
+            &hex("v2:7000123:42:00112233445566zz"),
+            &hex("v1:7000123:42:0011223344556677"),
+        ] {
             assert!(decode(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_cursor_is_placed_only_where_its_receipt_stands() {
+        let position = FeedPosition { xid: 0, id: 7 };
+        let cursor = Cursor::after_receipt(position, "r-7");
+        assert!(cursor.placed(&Standing::At("r-7".to_owned())));
+        assert!(!cursor.placed(&Standing::At("r-other".to_owned())));
+        assert!(!cursor.placed(&Standing::Nowhere));
+        assert!(cursor.placed(&Standing::PastAnEarlierTimeline));
+        let old = Cursor {
+            position,
+            anchor: None,
+        };
+        assert!(old.placed(&Standing::At("anything".to_owned())));
+        assert!(!old.placed(&Standing::Nowhere));
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub enum LoginError {
     },
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The token could not be written out, so nothing was committed.
+    #[error("the token could not be written to stdout, so nothing was changed")]
+    NotHandedOver(#[source] std::io::Error),
 }
 
 impl From<diesel::result::Error> for LoginError {
@@ -140,6 +143,19 @@ pub fn create(
     name: &str,
     permissions: &[Permission],
 ) -> Result<String, LoginError> {
+    create_handed_over(conn, name, permissions, |_| Ok(()))
+}
+
+/// Creates a login, handing its token to `hand_over` (the command line
+/// prints it) before the login is committed: when the token cannot be
+/// handed over, no login is created, so a login exists only when someone
+/// received its token.
+pub fn create_handed_over(
+    conn: &mut DbConn,
+    name: &str,
+    permissions: &[Permission],
+    hand_over: impl FnOnce(&str) -> std::io::Result<()>,
+) -> Result<String, LoginError> {
     validate_name(name)?;
     repo::require_admin(conn, "logins add")?;
     if permissions.is_empty() {
@@ -160,13 +176,17 @@ pub fn create(
         permissions: &stored_permissions,
         created_at: super::submit::now_micros(),
     };
-    match repo::insert(conn, &login) {
-        Ok(()) => Ok(token),
-        Err(e) if crate::storage::errors::is_unique_violation(&e) => {
-            Err(LoginError::Exists(name.to_owned()))
+    crate::storage::in_transaction(conn, |conn| {
+        match repo::insert(conn, &login) {
+            Ok(()) => {}
+            Err(e) if crate::storage::errors::is_unique_violation(&e) => {
+                return Err(LoginError::Exists(name.to_owned()));
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
-    }
+        hand_over(&token).map_err(LoginError::NotHandedOver)
+    })?;
+    Ok(token)
 }
 
 /// The active login that owns `token`, if any, and the connection it was
@@ -292,6 +312,17 @@ pub fn revoke(conn: &mut DbConn, name: &str) -> Result<(), LoginError> {
 /// revoked. A revoked login is active again under the new token only; no
 /// token it had before comes back. Keys and receipts stay the login's.
 pub fn rotate(conn: &mut DbConn, name: &str, grace: Duration) -> Result<String, LoginError> {
+    rotate_handed_over(conn, name, grace, |_| Ok(()))
+}
+
+/// Rotates, handing the new token to `hand_over` before the rotation is
+/// committed: when it cannot be handed over, nothing changes.
+pub fn rotate_handed_over(
+    conn: &mut DbConn,
+    name: &str,
+    grace: Duration,
+    hand_over: impl FnOnce(&str) -> std::io::Result<()>,
+) -> Result<String, LoginError> {
     repo::require_admin(conn, "logins rotate")?;
     let grace = chrono::TimeDelta::from_std(grace)
         .map_err(|_| LoginError::Invalid("the grace period is too long".to_owned()))?;
@@ -299,11 +330,13 @@ pub fn rotate(conn: &mut DbConn, name: &str, grace: Duration) -> Result<String, 
         .checked_add_signed(grace)
         .ok_or_else(|| LoginError::Invalid("the grace period is too long".to_owned()))?;
     let token = new_token();
-    if repo::rotate(conn, name, &token_hash(&token), until)? {
-        Ok(token)
-    } else {
-        Err(LoginError::NotFound(name.to_owned()))
-    }
+    crate::storage::in_transaction(conn, |conn| {
+        if !repo::rotate(conn, name, &token_hash(&token), until)? {
+            return Err(LoginError::NotFound(name.to_owned()));
+        }
+        hand_over(&token).map_err(LoginError::NotHandedOver)
+    })?;
+    Ok(token)
 }
 
 /// A login name: 1–64 of `A-Z a-z 0-9 - _ .`.

@@ -134,8 +134,23 @@ impl Intake {
     ) -> Result<Option<PlanView>, ReadError> {
         let found = read::readable_plan(&self.db, login, receipt_id, deadline)?;
         self.replicated(found, deadline)?
-            .map(|row| PlanView::from_row(&row).map_err(Into::into))
+            .map(|row| PlanView::from_row(row).map_err(Into::into))
             .transpose()
+    }
+
+    /// The bytes of the plan `receipt_id`'s content and approved inputs,
+    /// if it exists: what reading it will hold.
+    pub fn plan_bytes(
+        &self,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<u64>, ReadError> {
+        Ok(self
+            .db
+            .read(deadline, |conn| {
+                crate::storage::plans::stored_bytes(conn, receipt_id)
+            })?
+            .map(|bytes| u64::try_from(bytes).unwrap_or(0)))
     }
 
     /// `found`, once the synchronous standby has it too (nothing to wait
@@ -152,6 +167,18 @@ impl Intake {
     /// The end of the settled feed (`after=now`).
     pub fn feed_end(&self, deadline: &Deadline) -> Result<Cursor, ReadError> {
         feed::end(&self.db, deadline)
+    }
+
+    /// How many whole plans after `after` one expanded page holds: up to
+    /// `limit`, within `budget` bytes (at least one), and their bytes.
+    pub fn feed_extent(
+        &self,
+        after: Cursor,
+        limit: i64,
+        budget: u64,
+        deadline: &Deadline,
+    ) -> Result<feed::Extent, ReadError> {
+        feed::extent(&self.db, after, limit, budget, deadline)
     }
 
     /// Up to `limit` receipts after `after`, in feed order; with `expand`,

@@ -21,6 +21,9 @@ pub enum ReadError {
     /// A stored row cannot be read back: never the caller's fault.
     #[error("a stored row cannot be read back")]
     Corrupt(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The feed cursor sent cannot be placed in this feed: the caller's.
+    #[error(transparent)]
+    CursorNotInFeed(#[from] super::feed::CursorNotInFeed),
 }
 
 impl From<StorageError> for ReadError {

@@ -1,7 +1,7 @@
 //! What callers read back: the receipt, and the full plan behind it.
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::body::ApprovedInput;
 use crate::storage::plans::{PlanRow, ReceiptRow};
@@ -24,13 +24,17 @@ pub struct Receipt {
     pub outcome: Option<&'static str>,
 }
 
-/// A plan with its receipt: `GET /v1/plans/{receipt_id}`.
+/// A plan with its receipt: `GET /v1/plans/{receipt_id}`. The approved
+/// inputs and the content are handed out as stored, byte for byte (their
+/// RFC 8785 text), never re-serialized: a reader's blake3 over
+/// `{"approved_inputs":…,"content":…}` built from them is `content_hash`.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct PlanView {
     pub receipt: Receipt,
-    pub approved_inputs: Vec<ApprovedInput>,
+    #[schema(value_type = Vec<ApprovedInput>)]
+    pub approved_inputs: Box<RawValue>,
     #[schema(value_type = Object)]
-    pub content: Value,
+    pub content: Box<RawValue>,
 }
 
 /// A stored row whose JSON columns cannot be read back: never the caller's fault.
@@ -66,15 +70,27 @@ impl Receipt {
 }
 
 impl PlanView {
-    pub fn from_row(row: &PlanRow) -> Result<Self, CorruptRow> {
-        Ok(Self {
-            receipt: Receipt::from_row(&row.receipt_row(), None)?,
-            approved_inputs: stored_inputs(&row.receipt_id, &row.approved_inputs)?,
-            content: serde_json::from_str(&row.content).map_err(|source| CorruptRow {
-                receipt_id: row.receipt_id.clone(),
-                column: "content",
+    /// The row's JSON columns are checked to be JSON (no tree is built) and
+    /// kept as they are.
+    pub fn from_row(row: PlanRow) -> Result<Self, CorruptRow> {
+        let receipt = Receipt::from_row(&row.receipt_row(), None)?;
+        let PlanRow {
+            receipt_id,
+            content,
+            approved_inputs,
+            ..
+        } = row;
+        let raw = |text: String, column: &'static str| {
+            RawValue::from_string(text).map_err(|source| CorruptRow {
+                receipt_id: receipt_id.clone(),
+                column,
                 source,
-            })?,
+            })
+        };
+        Ok(Self {
+            receipt,
+            approved_inputs: raw(approved_inputs, "approved_inputs")?,
+            content: raw(content, "content")?,
         })
     }
 }

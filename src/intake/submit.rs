@@ -310,6 +310,9 @@ impl Intake {
             Ok(Some((request_hash, row)))
                 if request_hash == plan.request_hash && plan.is_stored_as(&row) =>
             {
+                // It joined the feed: readers waiting for it are woken now,
+                // as after any other write (not at their next re-read).
+                self.db.feed_signal().bump();
                 (
                     UnknownCommitBranch::Landed,
                     accepted(Outcome::Created, &row.receipt_row()).map(Ok),

@@ -71,20 +71,84 @@ pub fn feed_horizon(conn: &mut DbConn) -> QueryResult<Horizon> {
     }
 }
 
-/// The position of the last settled plan: a reader starting there misses
-/// nothing still to come, and pages through no history.
-pub fn feed_end(conn: &mut DbConn) -> QueryResult<FeedPosition> {
+/// The position of the last settled plan and its receipt id (`None` on an
+/// empty feed): a reader starting there misses nothing still to come, and
+/// pages through no history.
+pub fn feed_end(conn: &mut DbConn) -> QueryResult<(FeedPosition, Option<String>)> {
     let horizon = feed_horizon(conn)?;
     let below = horizon.below.unwrap_or(i64::MAX);
-    let last: Option<(i64, i64)> = with_conn!(conn, c => plans::table
+    let last: Option<(i64, i64, String)> = with_conn!(conn, c => plans::table
         .filter(plans::feed_xid.lt(below))
         .order((plans::feed_xid.desc(), plans::id.desc()))
-        .select((plans::feed_xid, plans::id))
+        .select((plans::feed_xid, plans::id, plans::receipt_id))
         .first(c)
         .optional())?;
-    Ok(last
-        .map(|(xid, id)| FeedPosition { xid, id })
-        .unwrap_or_default())
+    Ok(
+        last.map_or((FeedPosition::default(), None), |(xid, id, receipt_id)| {
+            (FeedPosition { xid, id }, Some(receipt_id))
+        }),
+    )
+}
+
+/// Where a cursor's position stands in this feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The feed's start: before every plan.
+    Start,
+    /// A plan is at the position: its receipt id.
+    At(String),
+    /// No plan is there, but the position is past the end of an earlier
+    /// timeline's positions that this database kept (Postgres, after a
+    /// failover to a standby that was behind): the reader goes on from the
+    /// next timeline's first plan.
+    PastAnEarlierTimeline,
+    /// No plan is there and it belongs to no earlier timeline: another
+    /// feed's position, one a restore took back, or one past the end.
+    Nowhere,
+}
+
+/// Where `position` stands: one lookup on `plans_feed_ix` (and, when no
+/// plan is there on Postgres, one on `feed_bases` and one more on the index).
+pub fn standing(conn: &mut DbConn, position: FeedPosition) -> QueryResult<Standing> {
+    if position == FeedPosition::default() {
+        return Ok(Standing::Start);
+    }
+    let there: Option<String> = with_conn!(conn, c => plans::table
+        .filter(plans::feed_xid.eq(position.xid))
+        .filter(plans::id.eq(position.id))
+        .select(plans::receipt_id)
+        .get_result(c)
+        .optional())?;
+    if let Some(receipt_id) = there {
+        return Ok(Standing::At(receipt_id));
+    }
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(Standing::Nowhere);
+    };
+    // A later timeline's base above the position, and no kept plan between
+    // the position and that base: the position is in the room a new
+    // timeline leaves for what the old one handed out and this one lost.
+    #[derive(QueryableByName)]
+    struct Later {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        past_an_earlier_timeline: bool,
+    }
+    let later = diesel::sql_query(
+        "SELECT COALESCE((
+             SELECT NOT EXISTS (
+                        SELECT 1 FROM plans
+                         WHERE (feed_xid, id) > ($1, $2) AND feed_xid < b.base)
+               FROM (SELECT MIN(base) AS base FROM feed_bases WHERE base > $1) b
+              WHERE b.base IS NOT NULL), false) AS past_an_earlier_timeline",
+    )
+    .bind::<diesel::sql_types::BigInt, _>(position.xid)
+    .bind::<diesel::sql_types::BigInt, _>(position.id)
+    .get_result::<Later>(pg)?;
+    Ok(if later.past_an_earlier_timeline {
+        Standing::PastAnEarlierTimeline
+    } else {
+        Standing::Nowhere
+    })
 }
 
 /// A feed page's rows: receipts only, or whole plans (`expand`).
@@ -94,13 +158,17 @@ pub enum PageRows {
 }
 
 impl PageRows {
-    /// The feed position of the page's last row.
-    pub fn last_position(&self) -> Option<FeedPosition> {
+    /// The feed position of the page's last row, and its receipt id.
+    pub fn last_position(&self) -> Option<(FeedPosition, &str)> {
         let last = match self {
-            Self::Receipts(rows) => rows.last().map(|(xid, row)| (*xid, row.id)),
-            Self::Plans(rows) => rows.last().map(|(xid, row)| (*xid, row.id)),
+            Self::Receipts(rows) => rows
+                .last()
+                .map(|(xid, row)| (*xid, row.id, row.receipt_id.as_str())),
+            Self::Plans(rows) => rows
+                .last()
+                .map(|(xid, row)| (*xid, row.id, row.receipt_id.as_str())),
         };
-        last.map(|(xid, id)| FeedPosition { xid, id })
+        last.map(|(xid, id, receipt_id)| (FeedPosition { xid, id }, receipt_id))
     }
 }
 
@@ -159,6 +227,44 @@ macro_rules! page_rows {
                 }),
         }
     }};
+}
+
+/// What one stored plan adds to an expanded page: its content and approved
+/// inputs, in bytes (read from the row's header, not the text).
+#[derive(Debug, Clone, Copy, Queryable, Selectable)]
+#[diesel(table_name = plans)]
+pub struct PlanBytes {
+    pub id: i64,
+    #[diesel(select_expression = diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "CAST(octet_length(content) + octet_length(approved_inputs) AS BIGINT)"
+    ))]
+    #[diesel(select_expression_type = diesel::expression::SqlLiteral<diesel::sql_types::BigInt>)]
+    pub bytes: i64,
+}
+
+/// How much of the feed after `after` one expanded page may hold: up to
+/// `limit` plans whose bytes together stay within `budget` (at least one,
+/// however large), and those bytes. A page of that many plans read after
+/// this holds exactly these plans: any plan still to commit sorts after them.
+pub fn page_extent(
+    conn: &mut DbConn,
+    after: FeedPosition,
+    limit: i64,
+    budget: u64,
+) -> QueryResult<(i64, u64)> {
+    let horizon = feed_horizon(conn)?;
+    let below = horizon.below.unwrap_or(i64::MAX);
+    let sizes = page_rows!(conn, after, below, limit, PlanBytes)?;
+    let (mut rows, mut bytes) = (0i64, 0u64);
+    for (_, plan) in sizes {
+        let size = u64::try_from(plan.bytes).unwrap_or(0);
+        if rows > 0 && bytes.saturating_add(size) > budget {
+            break;
+        }
+        rows += 1;
+        bytes = bytes.saturating_add(size);
+    }
+    Ok((rows, bytes))
 }
 
 /// Up to `limit` settled plans after `after`, in feed order `(feed_xid,

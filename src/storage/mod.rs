@@ -346,6 +346,31 @@ impl Durability {
     }
 }
 
+/// Runs `work` in one transaction on `conn`: committed when it returns
+/// `Ok`, rolled back when it returns `Err`.
+pub fn in_transaction<T, E>(
+    conn: &mut DbConn,
+    work: impl FnOnce(&mut DbConn) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<diesel::result::Error>,
+{
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    with_conn!(conn, c => AnsiTransactionManager::begin_transaction(c))?;
+    match work(conn) {
+        Ok(value) => {
+            with_conn!(conn, c => AnsiTransactionManager::commit_transaction(c))?;
+            Ok(value)
+        }
+        Err(error) => {
+            // The work's own error says what went wrong; a failed rollback
+            // leaves a connection diesel marks broken.
+            let _ = with_conn!(conn, c => AnsiTransactionManager::rollback_transaction(c));
+            Err(error)
+        }
+    }
+}
+
 /// Marks `conn` so that the pool discards it when it comes back instead of
 /// handing it out again: its server is read-only now, and only a new
 /// connection (libpq's `target_session_attrs=read-write`) finds the primary.

@@ -453,6 +453,17 @@ pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Optio
     by_receipt!(conn, receipt_id, PlanRow)
 }
 
+/// The bytes of the plan `receipt_id`'s content and approved inputs, read
+/// from the row, not its text.
+pub fn stored_bytes(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<i64>> {
+    with_conn!(conn, c => plans::table
+        .filter(plans::receipt_id.eq(receipt_id))
+        .select(super::feed::PlanBytes::as_select())
+        .get_result(c)
+        .optional())
+    .map(|found| found.map(|plan| plan.bytes))
+}
+
 /// The receipt columns of the plan `receipt_id`, its content unread.
 pub fn find_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<ReceiptRow>> {
     by_receipt!(conn, receipt_id, ReceiptRow)

@@ -21,7 +21,11 @@
 //! (`Durability::waits_for_standby`), nobody waits.
 //!
 //! A stalled standby stalls the round; callers give up at their deadline
-//! (503: retry with the same key), never acknowledging meanwhile.
+//! (503: retry with the same key), never acknowledging meanwhile. A round
+//! that fails (its connection dies at a restart or failover of the
+//! primary) is begun again on a new connection every `RECONNECT` while
+//! anyone waits: once the primary answers again, a caller's wait is at most
+//! two rounds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
@@ -47,6 +51,8 @@ struct Rounds {
     done: u64,
     /// The highest round anyone waits for.
     wanted: u64,
+    /// Callers waiting now: a failed round is begun again while any do.
+    waiting: usize,
 }
 
 struct Shared {
@@ -105,11 +111,15 @@ impl ReplicationBarrier {
         let mut rounds = self.shared.lock();
         let target = rounds.begun + 1;
         rounds.wanted = rounds.wanted.max(target);
+        rounds.waiting += 1;
         self.shared.changed.notify_all();
-        while rounds.done < target {
+        let outcome = loop {
+            if rounds.done >= target {
+                break Ok(());
+            }
             let left = deadline.remaining();
             if left.is_zero() {
-                return Err(StorageError::DeadlineExceeded(
+                break Err(StorageError::DeadlineExceeded(
                     "waiting for the synchronous standby to confirm the plan",
                 ));
             }
@@ -119,8 +129,9 @@ impl ReplicationBarrier {
                 .wait_timeout(rounds, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-        }
-        Ok(())
+        };
+        rounds.waiting -= 1;
+        outcome
     }
 }
 
@@ -145,10 +156,15 @@ fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
                 strong.changed.notify_all();
             }
             Err(error) => {
-                // The round did not count; the next one is begun afresh on a
-                // new connection (after a failover, to the new primary).
+                // The round did not count: it is begun again, on a new
+                // connection (after a failover, to the new primary), for as
+                // long as anyone still waits for it.
                 tracing::warn!(%error, "replication barrier failed; connecting again");
                 conn = None;
+                {
+                    let mut rounds = strong.lock();
+                    rounds.begun = rounds.done;
+                }
                 drop(strong);
                 std::thread::sleep(RECONNECT);
             }
@@ -156,13 +172,20 @@ fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
     }
 }
 
-/// Waits until a round is wanted and begins it; `None` once the barrier is gone.
+/// Waits until a round is wanted by someone still waiting and begins it;
+/// `None` once the barrier is gone. A round begun now begins after the read
+/// of everyone who has asked so far, so it is every wanted round at once.
 fn next_round(shared: &Weak<Shared>) -> Option<u64> {
     loop {
         let strong = shared.upgrade()?;
         let mut rounds = strong.lock();
+        if rounds.wanted > rounds.begun && rounds.waiting == 0 {
+            // Everyone who wanted it gave up (a failed round, deadlines
+            // passed): nothing to prove to anyone.
+            rounds.wanted = rounds.begun;
+        }
         if rounds.wanted > rounds.begun {
-            rounds.begun += 1;
+            rounds.begun = rounds.wanted;
             return Some(rounds.begun);
         }
         // Let go of the barrier now and then, so that its drop ends us.

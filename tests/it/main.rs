@@ -22,4 +22,5 @@ mod processes;
 mod retention;
 mod schema;
 mod support;
-mod tools;
+pub(crate) mod tools;
+mod way_out;

@@ -15,15 +15,15 @@ use crate::support::{TestApp, TestDb, execute_batch, plan_body, scalar};
 
 /// A scratch database with a planner's and a reader's login, and the
 /// service on it (fields drop in order: the service before its database).
-struct Stage {
-    server: ServeProcess,
-    planner: String,
-    reader: String,
-    app: TestApp,
+pub(crate) struct Stage {
+    pub(crate) server: ServeProcess,
+    pub(crate) planner: String,
+    pub(crate) reader: String,
+    pub(crate) app: TestApp,
 }
 
 impl Stage {
-    fn new(scratch: TestDb) -> Self {
+    pub(crate) fn new(scratch: TestDb) -> Self {
         let url = scratch.url.clone();
         let app = TestApp::new(scratch);
         let planner = app.login("planner-a", &[Permission::PlansSubmit]);
@@ -39,7 +39,7 @@ impl Stage {
 
 /// `plan-intake ARGS…` as a caller runs it: the service's URL and a token
 /// in the environment, nothing of the database.
-fn tool(args: &[&str], url: &str, token: &str) -> Command {
+pub(crate) fn tool(args: &[&str], url: &str, token: &str) -> Command {
     let mut command = Command::new(BIN);
     command
         .args(args)
@@ -54,7 +54,7 @@ fn tool(args: &[&str], url: &str, token: &str) -> Command {
 }
 
 /// A plan request in a file of its own.
-fn request_file(dir: &tempfile::TempDir, run: &str) -> std::path::PathBuf {
+pub(crate) fn request_file(dir: &tempfile::TempDir, run: &str) -> std::path::PathBuf {
     let path = dir.path().join(format!("{run}.json"));
     std::fs::write(&path, plan_body(run, run)).expect("write the request");
     path
@@ -370,7 +370,12 @@ fn feed_order(addr: &str, reader: &str) -> Vec<String> {
         .collect()
 }
 
-fn post_many(addr: &str, token: &str, prefix: &str, count: usize) -> std::thread::JoinHandle<()> {
+pub(crate) fn post_many(
+    addr: &str,
+    token: &str,
+    prefix: &str,
+    count: usize,
+) -> std::thread::JoinHandle<()> {
     let (addr, token, prefix) = (addr.to_owned(), token.to_owned(), prefix.to_owned());
     std::thread::spawn(move || {
         let agent = client();
