@@ -227,11 +227,24 @@ pub(super) fn commit_durability(
     })
 }
 
+/// The barrier's sessions go by a name of their own in `pg_stat_activity`
+/// (unless the URL names its sessions already), so an operator can tell
+/// them from the pool's.
+const APPLICATION_NAME: &str = "plan-intake-replication-barrier";
+
+fn named(url: &str) -> String {
+    if url.contains("application_name=") {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={APPLICATION_NAME}")
+}
+
 /// One barrier commit; what it found the commit settings to be.
 fn commit_barrier(conn: &mut Option<PgConnection>, url: &str) -> Result<Durability, StorageError> {
     if conn.is_none() {
         *conn = Some(
-            PgConnection::establish(&super::pool::with_libpq_defaults(url))
+            PgConnection::establish(&super::pool::with_libpq_defaults(&named(url)))
                 .map_err(|e| StorageError::unavailable("replication barrier connection", e))?,
         );
     }

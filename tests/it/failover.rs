@@ -23,6 +23,8 @@ use crate::support::plan_body;
 use crate::support::process::{ServeProcess, client, get, login_via_cli, post_plan, run_cli_at};
 
 const CLIENTS: usize = 8;
+/// The `application_name` of the service's replication barrier sessions.
+const BARRIER_NAME: &str = "plan-intake-replication-barrier";
 
 /// A primary with a database `intake`, and its streaming standby.
 fn pair() -> Option<(TempCluster, TempCluster)> {
@@ -468,4 +470,58 @@ fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
     assert_eq!(status, 200, "{replay}");
     let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=10");
     assert_eq!(status, 200, "{page}");
+}
+
+/// One failed barrier round strands nobody: with the synchronous standby's
+/// receiver stalled, replays wait for the barrier; its session is
+/// terminated and the primary restarted under them; once the primary and
+/// the standby are back, every replay is answered 200 within a couple of
+/// rounds, not 503 at its deadline (20 s here).
+#[test]
+fn a_failed_barrier_round_is_begun_again_for_its_waiters() {
+    let Some((primary, standby)) = pair() else {
+        return;
+    };
+    make_synchronous(&primary);
+    let url = multi_host_url(&primary, &standby);
+    let token = login_via_cli(&url, "planner-a", "plans:submit");
+    let service = ServeProcess::start_with(&url, &["--request-timeout-ms", "20000"]);
+    let body = plan_body("run-1", "x");
+    let (status, first) = post_through_failover(&service.addr, &token, "k", &body);
+    assert_eq!(status, 201, "{first}");
+
+    let receiver = standby.pause_wal_receiver();
+    let replays: Vec<_> = (0..3)
+        .map(|_| {
+            let (addr, token, body) = (service.addr.clone(), token.clone(), body.clone());
+            std::thread::spawn(move || {
+                let answer = post_plan(&client(), &addr, &token, "k", &body);
+                (answer, Instant::now())
+            })
+        })
+        .collect();
+    let barrier_waits = format!(
+        "SELECT COUNT(*) FROM pg_stat_activity \
+          WHERE application_name = '{}' AND wait_event = 'SyncRep'",
+        BARRIER_NAME
+    );
+    wait_for(&primary, &barrier_waits, "1");
+    primary.psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{}'",
+        BARRIER_NAME
+    ));
+    primary.restart_immediate();
+    drop(receiver);
+    let back = Instant::now();
+    for replay in replays {
+        let (answer, at) = replay.join().expect("replay");
+        let (status, receipt) = answer.expect("an answer");
+        assert_eq!(status, 200, "{receipt}");
+        assert_eq!(receipt["receipt_id"], first["receipt_id"]);
+        assert!(
+            at.saturating_duration_since(back) < Duration::from_secs(10),
+            "answered {:?} after the primary was back",
+            at.saturating_duration_since(back)
+        );
+    }
 }
