@@ -271,6 +271,9 @@ enum KeysAction {
         /// Only count what would be deleted
         #[arg(long)]
         dry_run: bool,
+        /// Take an --older-than below the minimum (48h, twice submit's longest retry window); only when no client retries that long
+        #[arg(long)]
+        allow_short_retention: bool,
     },
 }
 
@@ -424,10 +427,11 @@ fn parse_bind(text: &str) -> Result<String, &'static str> {
     }
 }
 
-/// An Idempotency-Key the service accepts, checked before anything is sent.
+/// An Idempotency-Key the service accepts, checked before anything is
+/// sent, and then sent exactly as typed (bare, or an RFC 8941 string the
+/// service unquotes itself).
 fn parse_key(text: &str) -> Result<String, String> {
-    plan_intake::intake::idempotency_key::IdempotencyKey::parse(text)
-        .map(|key| key.as_str().to_owned())
+    plan_intake::intake::idempotency_key::IdempotencyKey::parse(text).map(|_| text.to_owned())
 }
 
 /// 1 MiB to 4 GiB (one permit a byte).
@@ -708,7 +712,16 @@ fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError
         older_than,
         batch_size,
         dry_run,
+        allow_short_retention,
     } = action;
+    let minimum = plan_intake::intake::retention::MIN_RETENTION;
+    if older_than < minimum && !allow_short_retention {
+        return Err(CommandError::Usage(format!(
+            "--older-than {} is below the minimum retention of {}: a client still retrying a request whose key was pruned would store a second plan for other content; keep keys longer than any client retries, or pass --allow-short-retention",
+            humantime::format_duration(older_than),
+            humantime::format_duration(minimum)
+        )));
+    }
     let mut conn = open_single(db, MigrateOnOpen::RequireNonePending)?;
     let pruned =
         plan_intake::intake::retention::prune_keys(&mut conn, older_than, batch_size, dry_run)?;

@@ -23,7 +23,14 @@ pub struct Metrics {
     feed_wakeups: IntCounter,
     feed_lag: Gauge,
     commit_waits_for_standby: IntGauge,
+    strangers: IntCounterVec,
+    stranger_lookups: IntCounter,
 }
+
+/// How a request with a token no login has shown lately was answered:
+/// looked up and found unknown (401), or turned away before any lookup
+/// because the lookups for such tokens were used up (503).
+pub const STRANGER_ANSWERS: [&str; 2] = ["unauthorized", "turned_away"];
 
 /// Every label value each counter can take, so every series exists at 0
 /// from the start and alerts can be written before the first event.
@@ -197,8 +204,28 @@ impl Metrics {
                 "plan_intake_commit_waits_for_standby",
                 "1 when every acknowledged commit is on a synchronous standby too (Postgres synchronous_standby_names set, synchronous_commit on, remote_write or remote_apply), else 0; as of the last /readyz",
             ),
+            strangers: define.counters(
+                "plan_intake_strangers_total",
+                "Requests with a token no login has shown lately, refused: unauthorized (looked up, unknown) or turned_away (503, the lookups for such tokens used up)",
+                "answer",
+                &STRANGER_ANSWERS,
+            ),
+            stranger_lookups: define.counter(
+                "plan_intake_stranger_lookups_total",
+                "Database lookups of tokens no login has shown lately (bounded per second)",
+            ),
             registry,
         }
+    }
+
+    /// A stranger refused: `answer` is one of [`STRANGER_ANSWERS`].
+    pub fn stranger(&self, answer: &str) {
+        self.strangers.with_label_values(&[answer]).inc();
+    }
+
+    /// One database lookup of a token no login has shown lately.
+    pub fn stranger_lookup(&self) {
+        self.stranger_lookups.inc();
     }
 
     /// One more reader waiting on the feed, until the guard is dropped.

@@ -101,16 +101,25 @@ impl SubmitError {
     }
 }
 
-/// The key the CLI uses when none is given: the same request always gets
-/// the same key, however its JSON is spaced or its keys ordered (blake3 of
-/// its RFC 8785 form; of the bytes themselves when it is not JSON, which
-/// the service then refuses anyway).
+/// The key the CLI uses when none is given: `submit-` and the hex of the
+/// `request_hash` the service will give the request, computed by the
+/// service's own parsing and canonical form, so every body the service
+/// takes as the same request (however spaced, ordered, its numbers
+/// spelled, with members it ignores) gets the same key. A body the service
+/// would refuse gets blake3 of its bytes (the service then refuses it).
 pub fn derive_key(body: &[u8]) -> String {
-    let canonical = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|value| serde_json_canonicalizer::to_vec(&value).ok());
-    let hash = blake3::hash(canonical.as_deref().unwrap_or(body));
-    format!("submit-{}", hash.to_hex())
+    match crate::intake::body::parse(body) {
+        Ok(submission) => {
+            let hashes = crate::intake::hashing::canonicalize(&submission).hashes;
+            let hex = hashes
+                .request_hash
+                .strip_prefix("blake3:")
+                .unwrap_or(&hashes.request_hash)
+                .to_owned();
+            format!("submit-{hex}")
+        }
+        Err(_) => format!("submit-{}", blake3::hash(body).to_hex()),
+    }
 }
 
 /// What to do with one attempt's answer.

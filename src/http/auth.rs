@@ -12,6 +12,9 @@ const MAX_TOKEN_BYTES: usize = 256;
 
 pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
     let token = bearer_token(req)?.to_owned();
+    if !state.intake.may_look_up(&token) {
+        return Err(ApiError::StrangersTurnedAway);
+    }
     let deadline = super::deadline::of(req, state);
     let found = state
         .blocking(deadline, move |intake| {

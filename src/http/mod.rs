@@ -117,19 +117,40 @@ pub fn app(
 fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::new(state))
-            .route("/v1/plans", web::post().to(plans::submit_plan))
-            .route("/v1/plans/{receipt_id}", web::get().to(reads::get_plan))
-            .route("/v1/receipts", web::get().to(feed::list_receipts))
-            .route(
-                "/v1/receipts/{receipt_id}",
-                web::get().to(reads::get_receipt),
-            )
-            .route("/healthz", web::get().to(healthz))
-            .route("/readyz", web::get().to(readyz))
-            .route("/metrics", web::get().to(metrics))
-            .route("/openapi.json", web::get().to(openapi::document))
+            .service(resource("/v1/plans", "POST").route(web::post().to(plans::submit_plan)))
+            .service(readable("/v1/plans/{receipt_id}", reads::get_plan))
+            .service(readable("/v1/receipts", feed::list_receipts))
+            .service(readable("/v1/receipts/{receipt_id}", reads::get_receipt))
+            .service(readable("/healthz", healthz))
+            .service(readable("/readyz", readyz))
+            .service(readable("/metrics", metrics))
+            .service(readable("/openapi.json", openapi::document))
             .default_service(web::to(not_found));
     }
+}
+
+/// A known path: any method it does not serve is a 405 naming the ones it
+/// does (`Allow`), not a 404.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        Err::<HttpResponse, _>(ApiError::MethodNotAllowed(allow))
+    }))
+}
+
+/// A path read with GET, and HEAD wherever GET is served (load balancers
+/// probe with HEAD; actix sends the head of the GET answer, no body).
+fn readable<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    use actix_web::guard;
+    resource(path, "GET, HEAD").route(
+        web::route()
+            .guard(guard::Any(guard::Get()).or(guard::Head()))
+            .to(handler),
+    )
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -142,6 +142,9 @@ async fn signed_in(state: &AppState, token: &str, deadline: Deadline) -> Result<
     if let Some(caller) = state.intake.known_caller(token) {
         return Ok(caller);
     }
+    if !state.intake.may_look_up(token) {
+        return Err(ApiError::StrangersTurnedAway);
+    }
     let token = token.to_owned();
     state
         .blocking(deadline, move |intake| intake.sign_in(&deadline, &token))

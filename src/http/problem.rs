@@ -23,6 +23,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("not found")]
     NotFound,
+    /// A known path asked with a method it does not serve: 405 + `Allow`.
+    #[error("this path takes only {0}")]
+    MethodNotAllowed(&'static str),
     #[error("{0}")]
     BadIdempotencyKey(String),
     #[error("{0}")]
@@ -55,6 +58,12 @@ pub enum ApiError {
         "too many request bodies and plan reads are being handled; retry after the Retry-After delay (a submission with the same Idempotency-Key)"
     )]
     BodiesInFlight,
+    /// Too many sign-ins with tokens no login has shown lately this second:
+    /// 503, retry (a new token is looked up on its retry).
+    #[error(
+        "too many sign-ins with unfamiliar tokens right now; retry after the Retry-After delay"
+    )]
+    StrangersTurnedAway,
     /// The client sent its body too slowly: 408, the connection is closed.
     #[error("the request body did not arrive within {0} ms")]
     SlowClient(u128),
@@ -126,13 +135,15 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::KeyReused => "key_reused",
-            ApiError::Unavailable(_) | ApiError::Timeout(_) | ApiError::BodiesInFlight => {
-                "unavailable"
-            }
+            ApiError::Unavailable(_)
+            | ApiError::Timeout(_)
+            | ApiError::BodiesInFlight
+            | ApiError::StrangersTurnedAway => "unavailable",
             ApiError::Throttled(_) => "throttled",
             ApiError::Refused(_) => "refused",
             ApiError::Internal(_) => "error",
             ApiError::NotFound
+            | ApiError::MethodNotAllowed(_)
             | ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
             | ApiError::BadQuery(_)
@@ -149,6 +160,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
             ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
             ApiError::NotFound => ("not-found", "Not Found"),
+            ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method Not Allowed"),
             ApiError::BadIdempotencyKey(_) => {
                 ("invalid-idempotency-key", "Invalid Idempotency-Key")
             }
@@ -163,7 +175,9 @@ impl ApiError {
             }
             ApiError::Refused(_) => ("refused-by-database", "Refused by a Database Rule"),
             ApiError::Throttled(_) => ("throttled", "Too Many Requests"),
-            ApiError::BodiesInFlight => ("busy", "Service Unavailable"),
+            ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => {
+                ("busy", "Service Unavailable")
+            }
             ApiError::SlowClient(_) => ("request-timeout", "Request Timeout"),
             ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
             ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
@@ -196,6 +210,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
             | ApiError::BadQuery(_)
@@ -205,9 +220,10 @@ impl ResponseError for ApiError {
             }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable(_) | ApiError::Timeout(_) | ApiError::BodiesInFlight => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::Timeout(_)
+            | ApiError::BodiesInFlight
+            | ApiError::StrangersTurnedAway => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::SlowClient(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -246,8 +262,12 @@ impl ResponseError for ApiError {
             ApiError::Unavailable(_)
             | ApiError::Timeout(_)
             | ApiError::BodiesInFlight
+            | ApiError::StrangersTurnedAway
             | ApiError::Throttled(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
+            }
+            ApiError::MethodNotAllowed(allow) => {
+                response.insert_header((header::ALLOW, *allow));
             }
             _ => {}
         }

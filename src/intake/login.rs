@@ -268,6 +268,61 @@ impl KnownLogins {
     }
 }
 
+impl KnownLogins {
+    /// How long a token a login has shown stays familiar: its lookups are
+    /// never held back by the strangers' budget.
+    pub const FAMILIAR: Duration = Duration::from_secs(3600);
+
+    /// Whether a login showed this token within [`Self::FAMILIAR`].
+    pub fn familiar(&self, token_hash: &str) -> bool {
+        self.entries()
+            .get(token_hash)
+            .is_some_and(|(_, found_at)| found_at.elapsed() < Self::FAMILIAR)
+    }
+}
+
+/// Lookups of unfamiliar tokens, at most [`Self::PER_SECOND`] a second (a
+/// token bucket of one second's worth): a flood of strangers with random
+/// tokens costs the database that many indexed reads a second, and past it
+/// they are turned away before they reach the pool, while familiar tokens
+/// are looked up as always. A genuinely new token turned away gets a 503
+/// and is looked up on its retry.
+pub struct StrangerBudget {
+    state: Mutex<(f64, Instant)>,
+}
+
+impl StrangerBudget {
+    pub const PER_SECOND: f64 = 200.0;
+
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::new((Self::PER_SECOND, Instant::now())),
+        }
+    }
+
+    /// Takes one lookup if one is left.
+    pub fn try_take(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tokens, refilled) = &mut *state;
+        let now = Instant::now();
+        *tokens = (*tokens + now.duration_since(*refilled).as_secs_f64() * Self::PER_SECOND)
+            .min(Self::PER_SECOND);
+        *refilled = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Default for StrangerBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Default for KnownLogins {
     fn default() -> Self {
         Self::new()

@@ -48,6 +48,7 @@ pub struct Intake {
     pub retry: RetryPolicy,
     pub metrics: Metrics,
     known: std::sync::Arc<KnownLogins>,
+    strangers: std::sync::Arc<login::StrangerBudget>,
 }
 
 impl Intake {
@@ -57,6 +58,7 @@ impl Intake {
             retry,
             metrics,
             known: std::sync::Arc::default(),
+            strangers: std::sync::Arc::default(),
         }
     }
 
@@ -71,24 +73,59 @@ impl Intake {
         Some(Caller { login, token_hash })
     }
 
+    /// Whether `token` may be looked up now: always when a login showed it
+    /// lately, else while the strangers' lookups of this second last
+    /// ([`login::StrangerBudget`]). Asked before the lookup is queued, so
+    /// a turned-away stranger costs no blocking thread and no connection.
+    pub fn may_look_up(&self, token: &str) -> bool {
+        if self.known.familiar(&login::token_hash(token)) {
+            return true;
+        }
+        if self.strangers.try_take() {
+            self.metrics.stranger_lookup();
+            true
+        } else {
+            self.metrics.stranger("turned_away");
+            false
+        }
+    }
+
     /// The caller that owns `token`, if its login is active: one indexed
     /// lookup, remembered for [`Intake::known_caller`].
     pub fn sign_in(&self, deadline: &Deadline, token: &str) -> Result<Option<Caller>, ReadError> {
         let token_hash = login::token_hash(token);
         let Some(login) = login::find_by_hash(&self.db, deadline, &token_hash)?.0 else {
+            self.unknown(&token_hash);
             return Ok(None);
         };
         self.known.remember(&token_hash, &login);
         Ok(Some(Caller { login, token_hash }))
     }
 
-    /// The active login that owns `token`, if any.
+    /// The active login that owns `token`, if any (always looked up: a
+    /// read is answered from the database's word), remembered as familiar.
     pub fn authenticate(
         &self,
         deadline: &Deadline,
         token: &str,
     ) -> Result<Option<Login>, ReadError> {
-        Ok(login::find(&self.db, deadline, token)?.0)
+        let token_hash = login::token_hash(token);
+        let found = login::find_by_hash(&self.db, deadline, &token_hash)?.0;
+        match &found {
+            Some(login) => self.known.remember(&token_hash, login),
+            None => self.unknown(&token_hash),
+        }
+        Ok(found)
+    }
+
+    /// A token found to name no active login: counted when it was a
+    /// stranger's, forgotten when it was familiar (revoked since).
+    fn unknown(&self, token_hash: &str) {
+        if self.known.familiar(token_hash) {
+            self.known.forget(token_hash);
+        } else {
+            self.metrics.stranger("unauthorized");
+        }
     }
 
     // The write.

@@ -168,8 +168,9 @@ fn slow_clients_are_cut_and_others_are_served(db: TestDb) {
 }
 
 /// 1,000 requests with unknown tokens, each declaring a 1 MiB body, cost
-/// the service less than a second of CPU in all: each is answered 401 from
-/// its head, and none of its body is read. (Each sends its first 64 KiB,
+/// the service less than a second of CPU in all: each is answered from its
+/// head (401 once looked up, 503 when the strangers' lookups of that second
+/// are used up), and none of its body is read. (Each sends its first 64 KiB,
 /// what a socket takes at once; the rest is never asked for.)
 fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
     let url = db.url.clone();
@@ -190,7 +191,11 @@ fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
         let _ = stream.write_all(&chunk);
         let mut answer = [0u8; 12];
         stream.read_exact(&mut answer).expect("an answer");
-        assert_eq!(&answer, b"HTTP/1.1 401", "request {i}");
+        assert!(
+            &answer == b"HTTP/1.1 401" || &answer == b"HTTP/1.1 503",
+            "request {i}: {}",
+            String::from_utf8_lossy(&answer)
+        );
     }
     let spent = server.cpu_seconds() - before;
     assert!(spent < 1.0, "1,000 strangers cost {spent:.2} s of CPU");

@@ -131,7 +131,7 @@ fn a_failover_to_a_synchronous_standby_keeps_every_acknowledged_plan() {
     for command in [
         &["verify"][..],
         &["migrate", "status"],
-        &["keys", "prune", "--older-than", "1d"],
+        &["keys", "prune", "--older-than", "3d"],
     ] {
         let out = run_cli_at(&url, command);
         assert!(

@@ -8,6 +8,7 @@ mod cli;
 mod crash;
 mod dba;
 mod deadline;
+mod door;
 mod failover;
 mod faults;
 mod feed;

@@ -191,7 +191,16 @@ fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
     .expect("answer");
     assert_eq!(status, 201);
 
-    let refused = run_cli_at(&as_role, &["keys", "prune", "--older-than", "0s"]);
+    let refused = run_cli_at(
+        &as_role,
+        &[
+            "keys",
+            "prune",
+            "--older-than",
+            "0s",
+            "--allow-short-retention",
+        ],
+    );
     assert!(!refused.status.success(), "pruned without the grant");
     assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
 
@@ -205,7 +214,16 @@ fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
     admin
         .batch_execute(&grant)
         .expect("the pruner grant applies");
-    let pruned = run_cli_at(&as_role, &["keys", "prune", "--older-than", "0s"]);
+    let pruned = run_cli_at(
+        &as_role,
+        &[
+            "keys",
+            "prune",
+            "--older-than",
+            "0s",
+            "--allow-short-retention",
+        ],
+    );
     assert!(pruned.status.success(), "{}", stderr(&pruned));
     assert_eq!(stderr(&pruned), "deleted 1 idempotency keys");
 }

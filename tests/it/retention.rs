@@ -33,14 +33,32 @@ async fn a_retry_under_a_pruned_key_is_already_received(db: TestDb) {
     }
     let db = app.db_ref();
 
-    let dry = run_cli(db, &["keys", "prune", "--older-than", "0s", "--dry-run"]);
+    let dry = run_cli(
+        db,
+        &[
+            "keys",
+            "prune",
+            "--older-than",
+            "0s",
+            "--allow-short-retention",
+            "--dry-run",
+        ],
+    );
     assert!(dry.status.success(), "{}", stderr(&dry));
     assert_eq!(stderr(&dry), "would delete 3 idempotency keys");
     app.assert_rows(3, 3);
 
     let pruned = run_cli(
         db,
-        &["keys", "prune", "--older-than", "0s", "--batch-size", "2"],
+        &[
+            "keys",
+            "prune",
+            "--older-than",
+            "0s",
+            "--allow-short-retention",
+            "--batch-size",
+            "2",
+        ],
     );
     assert!(pruned.status.success(), "{}", stderr(&pruned));
     assert_eq!(stderr(&pruned), "deleted 3 idempotency keys");
@@ -95,7 +113,15 @@ fn pruning_under_load_keeps_every_plan(db: TestDb) {
             while !done.load(std::sync::atomic::Ordering::Relaxed) || runs == 0 {
                 let out = crate::support::process::run_cli_at(
                     &url,
-                    &["keys", "prune", "--older-than", "0s", "--batch-size", "7"],
+                    &[
+                        "keys",
+                        "prune",
+                        "--older-than",
+                        "0s",
+                        "--allow-short-retention",
+                        "--batch-size",
+                        "7",
+                    ],
                 );
                 assert!(out.status.success(), "{}", stderr(&out));
                 runs += 1;
@@ -126,3 +152,51 @@ fn pruning_under_load_keeps_every_plan(db: TestDb) {
 
 crate::on_both_backends!(a_retry_under_a_pruned_key_is_already_received,);
 crate::on_both_backends_sync!(pruning_under_load_keeps_every_plan,);
+
+/// A retention shorter than the clients' retry window is refused with one
+/// line, exit 2, and deletes nothing, unless asked for explicitly.
+#[test]
+fn a_retention_below_the_minimum_is_refused() {
+    let scratch = TestDb::sqlite();
+    let app = TestApp::new(scratch);
+    let token = app.login("planner-a", &[Permission::PlansSubmit]);
+    let url = app.db_ref().url.clone();
+    let server = ServeProcess::start(&url);
+    for i in 0..2 {
+        let (status, _) = post_to(
+            &client(),
+            &server.addr,
+            &token,
+            &format!("k{i}"),
+            &plan_body(&format!("run-{i}"), "x"),
+        )
+        .expect("an answer");
+        assert_eq!(status, 201);
+    }
+    for short in ["0s", "1h", "47h"] {
+        let out = run_cli(app.db_ref(), &["keys", "prune", "--older-than", short]);
+        assert_eq!(out.status.code(), Some(2), "{short}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("minimum retention of 2days"),
+            "{}",
+            stderr(&out)
+        );
+        app.assert_rows(2, 2);
+    }
+    let out = run_cli(app.db_ref(), &["keys", "prune", "--older-than", "48h"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    app.assert_rows(2, 2);
+    let out = run_cli(
+        app.db_ref(),
+        &[
+            "keys",
+            "prune",
+            "--older-than",
+            "0s",
+            "--allow-short-retention",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    app.assert_rows(2, 0);
+}

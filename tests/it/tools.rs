@@ -618,3 +618,107 @@ crate::on_both_backends_sync!(
     the_same_file_twice_is_one_plan,
     follow_killed_mid_stream_skips_nothing,
 );
+
+/// The derived key is the service's own view of the request: every body it
+/// takes as the same request (member order, white space, members it
+/// ignores, number spellings it writes the same) gets `submit-` and the hex
+/// of the receipt's `request_hash`, so each resend is a replay.
+#[test]
+fn every_spelling_of_one_request_gets_its_request_hash_as_key() {
+    let stage = Stage::new(TestDb::sqlite());
+    let base = format!("http://{}", stage.server.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let variants = [
+        r#"{"run_id":"run-v","approved_inputs":[{"id":"a","digest":"blake3:00"}],"content":{"b":[1.5,2],"a":"x"}}"#,
+        "{ \"content\" : { \"a\" : \"x\" , \"b\" : [ 1.5 , 2 ] } ,\n  \"approved_inputs\" : [ { \"digest\" : \"blake3:00\" , \"id\" : \"a\" } ] ,\n  \"run_id\" : \"run-v\" }",
+        r#"{"run_id":"run-v","approved_inputs":[{"id":"a","digest":"blake3:00"}],"content":{"b":[15e-1,2.0],"a":"x"},"note":"ignored by the service"}"#,
+        r#"{"run_id":"run-v","approved_inputs":[{"id":"a","digest":"blake3:00"}],"content":{"a":"\u0078","b":[1.50,2e0]}}"#,
+    ];
+    let mut answers = Vec::new();
+    for (i, body) in variants.iter().enumerate() {
+        let file = dir.path().join(format!("v{i}.json"));
+        std::fs::write(&file, body).expect("write");
+        let out = tool(
+            &["submit", file.to_str().expect("path")],
+            &base,
+            &stage.planner,
+        )
+        .output()
+        .expect("submit");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "variant {i}: {stderr}");
+        let key = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("idempotency-key: "))
+            .expect("the key")
+            .to_owned();
+        let receipt: Value = serde_json::from_slice(&out.stdout).expect("receipt");
+        answers.push((key, receipt));
+    }
+    let (first_key, first) = &answers[0];
+    assert_eq!(first["outcome"], "created");
+    let hex = first["request_hash"]
+        .as_str()
+        .and_then(|h| h.strip_prefix("blake3:"))
+        .expect("request_hash");
+    assert_eq!(first_key, &format!("submit-{hex}"));
+    for (i, (key, receipt)) in answers.iter().enumerate().skip(1) {
+        assert_eq!(key, first_key, "variant {i}");
+        assert_eq!(receipt["outcome"], "replayed", "variant {i}: {receipt}");
+        assert_eq!(receipt["receipt_id"], first["receipt_id"]);
+    }
+    stage.app.assert_rows(1, 1);
+}
+
+/// `--key` goes out exactly as typed: an RFC 8941 string stays one (the
+/// service unquotes it), so `"\"abc\""` and `abc` are two keys; a key the
+/// service would refuse is refused before anything is sent (exit 2).
+#[test]
+fn an_explicit_key_is_sent_as_typed() {
+    let stage = Stage::new(TestDb::sqlite());
+    let base = format!("http://{}", stage.server.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let submit = |run: &str, key: &str| {
+        let file = request_file(&dir, run);
+        tool(
+            &["submit", file.to_str().expect("path"), "--key", key],
+            &base,
+            &stage.planner,
+        )
+        .output()
+        .expect("submit")
+    };
+    let plain = submit("run-1", "abc");
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    // Another request under the quoted key `"abc"` (quotes included) is a
+    // new plan, not a reuse of `abc`.
+    let quoted = submit("run-2", r#""\"abc\"""#);
+    let stderr = String::from_utf8_lossy(&quoted.stderr);
+    assert!(quoted.status.success(), "{stderr}");
+    assert!(stderr.contains(r#"idempotency-key: "\"abc\"""#), "{stderr}");
+    let receipt: Value = serde_json::from_slice(&quoted.stdout).expect("receipt");
+    assert_eq!(receipt["outcome"], "created");
+    let key_of = |run: &str| {
+        scalar(
+            &mut stage.app.conn(),
+            &format!(
+                "SELECT COUNT(*) AS n FROM intake_keys k JOIN plans p ON p.id = k.plan_id \
+                  WHERE p.run_id = '{run}' AND k.idempotency_key = '\"abc\"'"
+            ),
+        )
+    };
+    assert_eq!(key_of("run-2"), 1, "stored under the key the service read");
+    let escaped = submit("run-3", r#""\"x""#);
+    assert!(
+        escaped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&escaped.stderr)
+    );
+    let refused = submit("run-4", "has space");
+    assert_eq!(refused.status.code(), Some(2));
+    stage.app.assert_rows(3, 3);
+}
