@@ -374,7 +374,9 @@ impl CommandError {
             Self::Submit(e) => e.exit_code(),
             Self::Follow(e) => e.exit_code(),
             Self::Usage(_) => 2,
-            Self::Output(_) | Self::Login(LoginError::NotHandedOver(_)) => 74,
+            Self::Output(_)
+            | Self::Login(LoginError::NotHandedOver(_))
+            | Self::Verify(VerifyError::Output(_)) => 74,
             _ => 1,
         }
     }
@@ -546,8 +548,14 @@ fn run(command: Command) -> Result<(), CommandError> {
                 ..FollowOptions::new(cursor_file)
             };
             let stop = stop_on_signals()?;
-            let mut out = client::stdout::open().map_err(FollowError::Output)?;
-            let followed = client::follow(&client, &options, &stop, &mut out)?;
+            // With --exec nothing goes to stdout, whatever it leads to
+            // (a daemon's stdout is /dev/null opened for reading and writing).
+            let followed = if options.exec.is_some() {
+                client::follow(&client, &options, &stop, &mut std::io::sink())?
+            } else {
+                let mut out = client::stdout::open().map_err(FollowError::Output)?;
+                client::follow(&client, &options, &stop, &mut out)?
+            };
             eprintln!(
                 "stopped after {} receipt(s) in {} page(s); {}",
                 followed.receipts,

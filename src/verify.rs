@@ -55,6 +55,10 @@ pub enum VerifyError {
     Login(#[from] LoginError),
     #[error(transparent)]
     Submit(#[from] SubmitError),
+    /// The report could not be written: stdout is closed, full or a
+    /// broken pipe.
+    #[error("cannot write the report to stdout")]
+    Output(#[source] std::io::Error),
 }
 
 impl VerifyError {
@@ -116,13 +120,14 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
 
     let mut failed = 0;
     for check in &checks {
-        match &check.result {
-            Ok(detail) => println!("ok    {}: {detail}", check.name),
+        let line = match &check.result {
+            Ok(detail) => format!("ok    {}: {detail}", check.name),
             Err(e) => {
                 failed += 1;
-                println!("FAIL  {}: {}", check.name, crate::report::chain(e));
+                format!("FAIL  {}: {}", check.name, crate::report::chain(e))
             }
-        }
+        };
+        crate::client::stdout::line(&line).map_err(VerifyError::Output)?;
     }
     Ok(failed)
 }
@@ -346,12 +351,7 @@ pub fn contend(url: &str) -> Result<String, VerifyError> {
         .map_err(|e| VerifyError::could_not("the contender's key is refused", e))?;
     let submission = body::parse(CONTENDER_BODY.as_bytes())
         .map_err(|e| VerifyError::could_not("the contender's plan is refused", e))?;
-    {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{CONTENDER_READY}")
-            .and_then(|()| stdout.flush())
-            .map_err(|e| VerifyError::could_not("cannot report ready", e))?;
-    }
+    crate::client::stdout::line(CONTENDER_READY).map_err(VerifyError::Output)?;
     let mut gate = String::new();
     std::io::stdin()
         .read_line(&mut gate)

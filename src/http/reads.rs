@@ -47,9 +47,11 @@ pub async fn get_plan(
     let receipt_id = path.into_inner();
     // How much the plan holds first, then room for it among the bytes in
     // flight, then the plan: a read never holds more than it was given.
-    let sized = receipt_id.clone();
+    let (sized, sizer) = (receipt_id.clone(), login.clone());
     let bytes = state
-        .blocking(deadline, move |intake| intake.plan_bytes(&sized, &deadline))
+        .blocking(deadline, move |intake| {
+            intake.plan_bytes(&sizer, &sized, &deadline)
+        })
         .await?
         .ok_or(ApiError::NotFound)?;
     let room = state.room_to_read(bytes, 1, &deadline).await?;

@@ -170,26 +170,24 @@ pub(super) fn page(
 pub const DEFAULT_LIMIT: i64 = 100;
 pub const MAX_LIMIT: i64 = 1000;
 /// `v2` cursors carry their receipt's anchor; `v1` cursors (before) are
-/// still read, placed by their position alone.
+/// still read, placed by their position alone, and handed back as `v1`
+/// (an empty page's `next` is the cursor sent) until a page moves them.
 const VERSION: &str = "v2";
 const VERSION_1: &str = "v1";
 /// `after=now`: start at the current end of the feed.
 pub const NOW: &str = "now";
 
 fn encode(cursor: Cursor) -> String {
-    let anchor: String = cursor
-        .anchor
-        .iter()
-        .flatten()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!(
-        "{VERSION}:{}:{}:{anchor}",
-        cursor.position.xid, cursor.position.id
-    )
-    .bytes()
-    .map(|b| format!("{b:02x}"))
-    .collect()
+    let (xid, id) = (cursor.position.xid, cursor.position.id);
+    let text = match cursor.anchor {
+        Some(anchor) => {
+            let anchor: String = anchor.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{VERSION}:{xid}:{id}:{anchor}")
+        }
+        None if cursor.position == FeedPosition::default() => format!("{VERSION}:0:0:"),
+        None => format!("{VERSION_1}:{xid}:{id}"),
+    };
+    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 fn decode(cursor: &str) -> Result<Cursor, String> {
@@ -215,7 +213,7 @@ fn decode(cursor: &str) -> Result<Cursor, String> {
     };
     let anchor = match anchor {
         None | Some("") => None,
-        Some(hex) if hex.len() == 16 => {
+        Some(hex) if hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
             let mut anchor = [0u8; 8];
             for (i, byte) in anchor.iter_mut().enumerate() {
                 *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("zz"), 16)
@@ -272,6 +270,12 @@ mod tests {
         let cursor = Cursor::after_receipt(position, "r-1");
         assert_eq!(decode(&encode(cursor)), Ok(cursor));
         assert_eq!(decode(&encode(Cursor::default())), Ok(Cursor::default()));
+        // A `v1` cursor handed back (an empty page) is read again.
+        let old = Cursor {
+            position,
+            anchor: None,
+        };
+        assert_eq!(decode(&encode(old)), Ok(old));
         let hex = |text: &str| -> String { text.bytes().map(|b| format!("{b:02x}")).collect() };
         // A cursor issued before cursors carried their receipt.
         assert_eq!(
@@ -290,6 +294,7 @@ mod tests {
             &hex("v2:7000123:42:"),
             &hex("v2:7000123:42:0011"),
             &hex("v2:7000123:42:00112233445566zz"),
+            &hex("v2:7000123:42:+f11223344556677"),
             &hex("v1:7000123:42:0011223344556677"),
         ] {
             assert!(decode(bad).is_err(), "{bad:?}");

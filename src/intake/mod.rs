@@ -176,9 +176,10 @@ impl Intake {
     }
 
     /// The bytes of the plan `receipt_id`'s content and approved inputs,
-    /// if it exists: what reading it will hold.
+    /// if `login` may see it: what reading it will hold.
     pub fn plan_bytes(
         &self,
+        login: &Login,
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<u64>, ReadError> {
@@ -187,7 +188,8 @@ impl Intake {
             .read(deadline, |conn| {
                 crate::storage::plans::stored_bytes(conn, receipt_id)
             })?
-            .map(|bytes| u64::try_from(bytes).unwrap_or(0)))
+            .filter(|(maker, _)| read::may_see(login, maker))
+            .map(|(_, bytes)| u64::try_from(bytes).unwrap_or(0)))
     }
 
     /// `found`, once the synchronous standby has it too (nothing to wait

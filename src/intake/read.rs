@@ -74,7 +74,7 @@ pub(super) fn readable_receipt(
     Ok(row.filter(|row| may_see(login, &row.maker)))
 }
 
-fn may_see(login: &Login, maker: &str) -> bool {
+pub(super) fn may_see(login: &Login, maker: &str) -> bool {
     login.has(Permission::ReceiptsRead)
         || (login.has(Permission::PlansSubmit) && maker == login.name)
 }

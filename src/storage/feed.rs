@@ -125,9 +125,11 @@ pub fn standing(conn: &mut DbConn, position: FeedPosition) -> QueryResult<Standi
     let DbConn::Postgres(pg) = conn else {
         return Ok(Standing::Nowhere);
     };
-    // A later timeline's base above the position, and no kept plan between
-    // the position and that base: the position is in the room a new
-    // timeline leaves for what the old one handed out and this one lost.
+    // A later timeline starting above the position, and no kept plan
+    // between the position and that start: the position is in the room a
+    // new timeline leaves for what the old one handed out and this one
+    // lost. (A base recorded before `starts_at` existed stands in for its
+    // start.)
     #[derive(QueryableByName)]
     struct Later {
         #[diesel(sql_type = diesel::sql_types::Bool)]
@@ -138,7 +140,8 @@ pub fn standing(conn: &mut DbConn, position: FeedPosition) -> QueryResult<Standi
              SELECT NOT EXISTS (
                         SELECT 1 FROM plans
                          WHERE (feed_xid, id) > ($1, $2) AND feed_xid < b.base)
-               FROM (SELECT MIN(base) AS base FROM feed_bases WHERE base > $1) b
+               FROM (SELECT MIN(COALESCE(starts_at, base)) AS base FROM feed_bases
+                      WHERE COALESCE(starts_at, base) > $1) b
               WHERE b.base IS NOT NULL), false) AS past_an_earlier_timeline",
     )
     .bind::<diesel::sql_types::BigInt, _>(position.xid)

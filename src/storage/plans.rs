@@ -453,15 +453,15 @@ pub fn find_by_receipt(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Optio
     by_receipt!(conn, receipt_id, PlanRow)
 }
 
-/// The bytes of the plan `receipt_id`'s content and approved inputs, read
-/// from the row, not its text.
-pub fn stored_bytes(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<i64>> {
+/// The maker of the plan `receipt_id` and the bytes of its content and
+/// approved inputs, read from the row, not its text.
+pub fn stored_bytes(conn: &mut DbConn, receipt_id: &str) -> QueryResult<Option<(String, i64)>> {
     with_conn!(conn, c => plans::table
         .filter(plans::receipt_id.eq(receipt_id))
-        .select(super::feed::PlanBytes::as_select())
-        .get_result(c)
+        .select((plans::maker, super::feed::PlanBytes::as_select()))
+        .get_result::<(String, super::feed::PlanBytes)>(c)
         .optional())
-    .map(|found| found.map(|plan| plan.bytes))
+    .map(|found| found.map(|(maker, plan)| (maker, plan.bytes)))
 }
 
 /// The receipt columns of the plan `receipt_id`, its content unread.

@@ -233,7 +233,11 @@ pub(super) fn commit_durability(
 const APPLICATION_NAME: &str = "plan-intake-replication-barrier";
 
 fn named(url: &str) -> String {
-    if url.contains("application_name=") {
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    if query
+        .split('&')
+        .any(|pair| pair.starts_with("application_name="))
+    {
         return url.to_owned();
     }
     let separator = if url.contains('?') { '&' } else { '?' };
