@@ -44,30 +44,70 @@ pub async fn submit_plan(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut body_read = false;
-    let answer = submit(&req, payload, &state, &mut body_read).await;
+    let (mut payload, mut body_read) = (Some(payload), false);
+    let answer = submit(&req, &mut payload, &state, &mut body_read).await;
     let label = match &answer {
         Ok((outcome, _)) => outcome.as_str(),
         Err(e) => e.outcome_label(),
     };
     state.intake.metrics.outcome(label);
-    match answer {
-        Ok((_, response)) => Ok(response),
-        // A body left unread is not drained: the connection goes with it.
-        Err(error) if !body_read => {
+    match (answer, payload) {
+        (Ok((_, response)), _) => Ok(response),
+        // A body left unread is not drained: the connection goes with it,
+        // chunked or not. The unread payload is kept with the answer until
+        // it is sent: actix then closes the connection after a short linger
+        // (`client_disconnect_timeout`), where a payload already dropped
+        // would be read to its end, for as long as the client sends.
+        (Err(error), Some(unread)) => {
+            let mut response = error.error_response();
+            response
+                .head_mut()
+                .set_connection_type(ConnectionType::Close);
+            Ok(response.map_body(|_, body| {
+                actix_web::body::BoxBody::new(WithUnreadPayload {
+                    body,
+                    _unread: unread,
+                })
+            }))
+        }
+        // Its reading failed part way (too slow, too large): the same.
+        (Err(error), None) if !body_read => {
             let mut response = error.error_response();
             response
                 .head_mut()
                 .set_connection_type(ConnectionType::Close);
             Ok(response)
         }
-        Err(error) => Err(error),
+        (Err(error), None) => Err(error),
     }
 }
 
+/// An answer's body, holding the request's unread payload until it is sent.
+struct WithUnreadPayload {
+    body: actix_web::body::BoxBody,
+    _unread: web::Payload,
+}
+
+impl actix_web::body::MessageBody for WithUnreadPayload {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<web::Bytes, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_next(cx)
+    }
+}
+
+/// `payload` is taken only when the body is read: an answer made before
+/// leaves it for [`submit_plan`] to close the connection with.
 async fn submit(
     req: &HttpRequest,
-    payload: web::Payload,
+    payload: &mut Option<web::Payload>,
     state: &AppState,
     body_read: &mut bool,
 ) -> Result<(Outcome, HttpResponse), ApiError> {
@@ -99,7 +139,10 @@ async fn submit(
         .await
         .ok_or(ApiError::BodiesInFlight)?;
     let client_timeout = state.http.client_timeout;
-    let bytes = actix_web::rt::time::timeout(client_timeout, read_body(payload, limit))
+    let unread = payload
+        .take()
+        .ok_or_else(|| ApiError::Internal("the body was already taken".into()))?;
+    let bytes = actix_web::rt::time::timeout(client_timeout, read_body(unread, limit))
         .await
         .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
     *body_read = true;

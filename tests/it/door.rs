@@ -296,3 +296,66 @@ fn strangers_cannot_starve_a_planner_on_either_backend() {
         strangers_cannot_starve_a_planner(db);
     }
 }
+
+/// A refused body ends its connection within a second or two of the
+/// answer, chunked or not, however long the client keeps sending.
+#[test]
+fn a_strangers_body_ends_its_connection_promptly_chunked_or_not() {
+    use std::io::{Read, Write};
+    let scratch = TestDb::sqlite();
+    let url = scratch.url.clone();
+    let _app = TestApp::new(scratch);
+    let server = crate::support::process::ServeProcess::start(&url);
+    for chunked in [true, false] {
+        let mut stream = std::net::TcpStream::connect(&server.addr).expect("connect");
+        let framing = if chunked {
+            "Transfer-Encoding: chunked"
+        } else {
+            "Content-Length: 2097152"
+        };
+        write!(
+            stream,
+            "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pit_stranger\r\nIdempotency-Key: k\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+        )
+        .expect("a head");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .expect("timeout");
+        let piece = if chunked {
+            format!("400\r\n{}\r\n", " ".repeat(1024))
+        } else {
+            " ".repeat(1024)
+        };
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let ended = loop {
+            let elapsed = started.elapsed();
+            assert!(
+                elapsed < std::time::Duration::from_secs(10),
+                "chunked={chunked}: still open after {elapsed:?}, answer {:?}",
+                String::from_utf8_lossy(&answer)
+            );
+            if stream.write_all(piece.as_bytes()).is_err() {
+                break elapsed;
+            }
+            let mut buf = [0u8; 4096];
+            match stream.read(&mut buf) {
+                Ok(0) => break elapsed,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break elapsed,
+            }
+        };
+        assert!(
+            String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 401"),
+            "chunked={chunked}: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(
+            ended < std::time::Duration::from_secs(3),
+            "chunked={chunked}: closed after {ended:?}"
+        );
+    }
+}
