@@ -723,7 +723,8 @@ fn manage_keys(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError
         allow_short_retention,
     } = action;
     let minimum = plan_intake::intake::retention::MIN_RETENTION;
-    if older_than < minimum && !allow_short_retention {
+    // A dry run deletes nothing: it may count what a short retention would.
+    if older_than < minimum && !allow_short_retention && !dry_run {
         return Err(CommandError::Usage(format!(
             "--older-than {} is below the minimum retention of {}: a client still retrying a request whose key was pruned would store a second plan for other content; keep keys longer than any client retries, or pass --allow-short-retention",
             humantime::format_duration(older_than),

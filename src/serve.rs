@@ -1,6 +1,14 @@
 //! `plan-intake serve`: open the database, then run the HTTP service.
 
-use actix_web::HttpServer;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::time::Duration;
+
+use actix_http::HttpService;
+use actix_server::{Server, ServerHandle};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, map_config};
+use actix_web::dev::AppConfig;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config::ServeConfig;
 use crate::deadline::Deadline;
@@ -60,35 +68,157 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         }
         Err(error) => tracing::warn!(%error, "not ready yet"),
     }
+    // Every active login's token is familiar from the start, so that after
+    // a restart planners are never counted among the strangers.
+    let at_start = std::time::Instant::now();
+    if let Err(error) =
+        intake.remember_active_logins(at_start, &Deadline::after(config.http.request_timeout))
+    {
+        tracing::warn!(%error, "cannot read the active logins yet");
+    }
     let state = AppState::new(intake, config.http.clone());
     actix_web::rt::System::new().block_on(async move {
-        // SIGTERM or Ctrl-C: actix stops accepting, lets the requests in
-        // flight finish (up to the shutdown timeout), then `run` returns and
-        // the pool is dropped, closing its connections.
-        // TCP_NODELAY: a small answer (a receipt, a long-polled feed page)
-        // goes out at once instead of waiting for the client's delayed ACK.
-        // A client that sends its head too slowly is answered 408 by actix;
-        // its body's pace is bounded by the handler (`http::plans`).
-        let mut server = HttpServer::new(move || http::app(state.clone()))
-            .tcp_nodelay(true)
-            .client_request_timeout(config.http.client_timeout)
-            .client_disconnect_timeout(std::time::Duration::from_secs(1))
-            .keep_alive(crate::config::KEEP_ALIVE)
-            .shutdown_timeout(config.shutdown_timeout_secs);
-        if let Some(workers) = config.workers {
-            server = server.workers(workers);
-        }
-        let server = server
-            .bind(&config.bind)
-            .map_err(|source| ServeError::Bind {
-                bind: config.bind.clone(),
-                source,
-            })?;
-        for addr in server.addrs() {
-            tracing::info!(%addr, "listening");
-        }
-        server.run().await.map_err(ServeError::Server)?;
+        let server = server(&config, state)?;
+        server.await.map_err(ServeError::Server)?;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The HTTP server, bound and started: what actix-web's `HttpServer` would
+/// build, plus the door's own answer to `Expect: 100-continue`
+/// (`http::expect_continue`), which `HttpServer` has no place for.
+///
+/// TCP_NODELAY: a small answer (a receipt, a long-polled feed page) goes
+/// out at once instead of waiting for the client's delayed ACK. A client
+/// that sends its head too slowly is answered 408 by actix; its body's pace
+/// is bounded by the handler (`http::plans`). SIGTERM or Ctrl-C: stop
+/// accepting, let the requests in flight finish (up to the shutdown
+/// timeout; idle keep-alive connections are closed at once), then the
+/// server's future ends and the pool is dropped, closing its connections.
+fn server(config: &ServeConfig, state: AppState) -> Result<Server, ServeError> {
+    let bind_error = |source| ServeError::Bind {
+        bind: config.bind.clone(),
+        source,
+    };
+    let signals = stop_signals();
+    let mut builder = Server::build()
+        .shutdown_timeout(config.shutdown_timeout_secs)
+        .disable_signals();
+    if let Some(workers) = config.workers {
+        builder = builder.workers(workers);
+    }
+    // Told when a graceful stop begins: each connection then ends once its
+    // request in flight is answered, an idle one at once.
+    let stopping = builder.graceful_shutdown_signal();
+    let http = config.http.clone();
+    for listener in listeners(&config.bind).map_err(bind_error)? {
+        let addr = listener.local_addr().map_err(bind_error)?;
+        tracing::info!(%addr, "listening");
+        let (state, stopping, http) = (state.clone(), stopping.clone(), http.clone());
+        builder = builder
+            .listen(format!("plan-intake-{addr}"), listener, move || {
+                // What `HttpServer` gives its apps: not secure, the host
+                // and the local address this listener is bound to.
+                // `AppConfig`'s only constructor taking them is doc-hidden
+                // (`Default` would say localhost:8080 and 127.0.0.1:8080
+                // whatever the listener).
+                let app_config = AppConfig::__priv_test_new(false, addr.to_string(), addr);
+                let stopping = stopping.clone();
+                let routes = http::app(state.clone())
+                    .into_factory()
+                    .map_err(|error| error.error_response());
+                let routes_config = app_config.clone();
+                HttpService::build()
+                    // Doc-hidden, as `HttpServer` itself calls it.
+                    .graceful_shutdown_signal(move || {
+                        let stopping = stopping.clone();
+                        async move { stopping.notified().await }
+                    })
+                    .keep_alive(crate::config::KEEP_ALIVE)
+                    .client_request_timeout(http.client_timeout)
+                    .client_disconnect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .local_addr(addr)
+                    .expect(http::expect_continue(state.clone(), app_config))
+                    .finish(map_config(routes, move |()| routes_config.clone()))
+                    .tcp()
+            })
+            .map_err(bind_error)?;
+    }
+    let server = builder.run();
+    actix_web::rt::spawn(stop_on_signals(signals, server.handle()));
+    Ok(server)
+}
+
+/// Listening sockets for every address `bind` names (at least one must
+/// bind), made as `HttpServer` makes them: `SO_REUSEADDR`, a backlog of
+/// 1,024 connections.
+fn listeners(bind: &str) -> std::io::Result<Vec<TcpListener>> {
+    let mut bound = Vec::new();
+    let mut failed = None;
+    for addr in bind.to_socket_addrs()? {
+        match listener(addr) {
+            Ok(listener) => bound.push(listener),
+            Err(error) => failed = Some(error),
+        }
+    }
+    match (bound.is_empty(), failed) {
+        (false, _) => Ok(bound),
+        (true, Some(error)) => Err(error),
+        (true, None) => Err(std::io::Error::other("the address names no socket address")),
+    }
+}
+
+fn listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(TcpListener::from(socket))
+}
+
+/// The signals that stop the service, each with its name and whether the
+/// stop lets requests in flight finish: SIGTERM and SIGINT (Ctrl-C) do,
+/// SIGQUIT does not. Listened for from here on (call it before the service
+/// says it is listening, inside the runtime).
+fn stop_signals() -> Vec<(Signal, &'static str, bool)> {
+    let kinds = [
+        (SignalKind::terminate(), "SIGTERM", true),
+        (SignalKind::interrupt(), "SIGINT", true),
+        (SignalKind::quit(), "SIGQUIT", false),
+    ];
+    let mut streams = Vec::new();
+    for (kind, name, graceful) in kinds {
+        match signal(kind) {
+            Ok(stream) => streams.push((stream, name, graceful)),
+            Err(error) => tracing::error!(%error, signal = name, "cannot listen for a signal"),
+        }
+    }
+    streams
+}
+
+/// Stops the server at the first of `signals`.
+async fn stop_on_signals(mut signals: Vec<(Signal, &'static str, bool)>, server: ServerHandle) {
+    if signals.is_empty() {
+        return;
+    }
+    let (name, graceful) = std::future::poll_fn(|cx| {
+        for (stream, name, graceful) in &mut signals {
+            if stream.poll_recv(cx).is_ready() {
+                return std::task::Poll::Ready((*name, *graceful));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+    // Told to stop before anything is logged: a log line written to a
+    // stderr nobody reads any more must not keep the service running.
+    let stopped = server.stop(graceful);
+    if graceful {
+        tracing::info!(signal = name, "stopping: requests in flight may finish");
+    } else {
+        tracing::info!(signal = name, "stopping at once");
+    }
+    stopped.await;
 }

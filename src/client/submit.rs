@@ -258,13 +258,17 @@ mod tests {
 
     #[test]
     fn the_same_request_gets_the_same_key_however_it_is_spaced() {
-        let a = derive_key(br#"{"run_id":"r","approved_inputs":[],"content":{"a":1,"b":2}}"#);
+        let a =
+            derive_key(br#"{"run_id":"r","approved_inputs":[{"id":"x"}],"content":{"a":1,"b":2}}"#);
         let b = derive_key(
-            b"{ \"content\": {\"b\": 2, \"a\": 1},\n \"approved_inputs\": [], \"run_id\": \"r\" }",
+            b"{ \"content\": {\"b\": 2.0, \"a\": 1},\n \"approved_inputs\": [{\"id\":\"x\"}], \"run_id\": \"r\", \"note\": 1 }",
         );
-        let other = derive_key(br#"{"run_id":"r","approved_inputs":[],"content":{"a":1,"b":3}}"#);
+        let other =
+            derive_key(br#"{"run_id":"r","approved_inputs":[{"id":"x"}],"content":{"a":1,"b":3}}"#);
         assert_eq!(a, b);
         assert_ne!(a, other);
+        // A body the service refuses gets the hash of its bytes.
+        assert_ne!(derive_key(b"not json"), derive_key(b"not json "));
         assert!(a.len() <= 255 && a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
     }
 }

@@ -11,11 +11,9 @@ use crate::intake::{Login, Permission};
 const MAX_TOKEN_BYTES: usize = 256;
 
 pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, ApiError> {
-    let token = bearer_token(req)?.to_owned();
-    if !state.intake.may_look_up(&token) {
-        return Err(ApiError::StrangersTurnedAway);
-    }
+    let token = bearer_token(req.headers())?.to_owned();
     let deadline = super::deadline::of(req, state);
+    admit_lookup(state, &token, deadline).await?;
     let found = state
         .blocking(deadline, move |intake| {
             intake.authenticate(&deadline, &token)
@@ -31,6 +29,48 @@ pub async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Login, 
     }
 }
 
+/// Whether `token` may be looked up now: always when familiar, else while
+/// the strangers' lookups of this second last. Past them it waits (no
+/// thread, no connection) for a read of every active login begun after it
+/// arrived, shared with everyone waiting: a new login's token is found
+/// there and goes on; a stranger's is turned away (503) before it reaches
+/// the pool.
+pub(super) async fn admit_lookup(
+    state: &AppState,
+    token: &str,
+    deadline: crate::deadline::Deadline,
+) -> Result<(), ApiError> {
+    use crate::intake::login::Reread;
+    if state.intake.may_look_up(token) {
+        return Ok(());
+    }
+    let arrived = std::time::Instant::now();
+    loop {
+        if state.intake.familiar(token) {
+            return Ok(());
+        }
+        match state.intake.reread_for(arrived) {
+            Reread::Covered => break,
+            Reread::Mine(begun) => {
+                state
+                    .blocking(deadline, move |intake| {
+                        intake.remember_active_logins(begun, &deadline)
+                    })
+                    .await?;
+            }
+            Reread::Wait(at_most, mut done) => {
+                let left = deadline.remaining();
+                if left.is_zero() {
+                    break;
+                }
+                let _ = actix_web::rt::time::timeout(at_most.min(left), done.changed()).await;
+            }
+        }
+    }
+    state.intake.turn_away();
+    Err(ApiError::StrangersTurnedAway)
+}
+
 pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
     if login.has(permission) {
         Ok(())
@@ -42,9 +82,9 @@ pub fn require(login: &Login, permission: Permission) -> Result<(), ApiError> {
     }
 }
 
-pub fn bearer_token(req: &HttpRequest) -> Result<&str, ApiError> {
-    let value = req
-        .headers()
+/// The token of `Authorization: Bearer TOKEN`, from a request's headers.
+pub fn bearer_token(headers: &header::HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
         .get(header::AUTHORIZATION)
         .ok_or(ApiError::Unauthorized(
             "missing Authorization: Bearer token",

@@ -27,8 +27,12 @@ pub async fn enforce(
     if UNTIMED.contains(&req.path()) {
         return Ok(next.call(req).await?.map_into_boxed_body());
     }
-    req.extensions_mut()
-        .insert(Deadline::after(state.http.request_timeout));
+    // A request whose head was judged before its `100 Continue`
+    // (`http::expect`) has had its deadline since then.
+    if !req.extensions().contains::<Deadline>() {
+        req.extensions_mut()
+            .insert(Deadline::after(state.http.request_timeout));
+    }
     let response = next.call(req).await?.map_into_boxed_body();
     if response.response().extensions().get::<TimedOut>().is_some() {
         let route = response

@@ -6,6 +6,7 @@
 mod admission;
 mod auth;
 mod deadline;
+mod expect;
 mod feed;
 pub mod observe;
 pub mod openapi;
@@ -114,10 +115,27 @@ pub fn app(
         .configure(configure(state))
 }
 
+/// actix's handler of `Expect: 100-continue` for the service (`serve`): a
+/// submission is told to send its body only once it would be read
+/// (`expect`). `config` is the one the routes run with.
+pub fn expect_continue(
+    state: AppState,
+    config: actix_web::dev::AppConfig,
+) -> impl ServiceFactory<
+    actix_http::Request,
+    Config = (),
+    Response = actix_http::Request,
+    Error = actix_http::Response<BoxBody>,
+    InitError = (),
+> {
+    use actix_service::IntoServiceFactory;
+    expect::ExpectContinue::new(state.clone(), app(state).into_factory(), config)
+}
+
 fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::new(state))
-            .service(resource("/v1/plans", "POST").route(web::post().to(plans::submit_plan)))
+            .service(resource(plans::PATH, "POST").route(web::post().to(plans::submit_plan)))
             .service(readable("/v1/plans/{receipt_id}", reads::get_plan))
             .service(readable("/v1/receipts", feed::list_receipts))
             .service(readable("/v1/receipts/{receipt_id}", reads::get_receipt))

@@ -25,11 +25,17 @@ pub struct LoggedMaker(pub String);
 #[derive(Clone)]
 pub struct LoggedKey(pub String);
 
+/// When the request's head was handled, if before it reached the routes
+/// (`http::expect`, ahead of a `100 Continue`): its latency counts from then.
+#[derive(Clone, Copy)]
+pub struct Arrived(pub Instant);
+
 pub async fn observe(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
-    let started = Instant::now();
+    let arrived = req.extensions().get::<Arrived>().map(|a| a.0);
+    let started = arrived.unwrap_or_else(Instant::now);
     let request_id = req
         .headers()
         .get(REQUEST_ID)

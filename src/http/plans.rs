@@ -4,6 +4,7 @@
 use actix_web::http::{ConnectionType, header};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 
+use super::admission::{BodyBytes, LoginSlot};
 use super::observe::{LoggedKey, LoggedMaker};
 use super::problem::{Problem, Refusals};
 use super::{ApiError, AppState, auth};
@@ -103,30 +104,54 @@ impl actix_web::body::MessageBody for WithUnreadPayload {
     }
 }
 
-/// `payload` is taken only when the body is read: an answer made before
-/// leaves it for [`submit_plan`] to close the connection with.
-async fn submit(
-    req: &HttpRequest,
-    payload: &mut Option<web::Payload>,
+/// What the door checked and reserved before a body is read (steps 1–2 of
+/// ARCHITECTURE.md's request): held by the request until it is answered.
+pub(crate) struct Admitted {
+    caller: Caller,
+    key: IdempotencyKey,
+    /// This request's place among its login's submissions in flight.
+    _slot: LoginSlot,
+    /// Room for its body among the bodies in flight.
+    room: BodyBytes,
+}
+
+/// [`admit`]'s answer, made before the body was asked for (`http::expect`,
+/// for `Expect: 100-continue`): in the request's extensions, taken by
+/// [`submit`] so that nothing is checked or reserved twice.
+pub(crate) struct Decided(pub(crate) Result<Admitted, ApiError>);
+
+/// This route's path.
+pub(crate) const PATH: &str = "/v1/plans";
+
+/// Whether `method` and `path` (as the router sees it) are this route's.
+pub(crate) fn is_submission(method: &actix_web::http::Method, path: &str) -> bool {
+    *method == actix_web::http::Method::POST && path == PATH
+}
+
+/// Everything asked before the body is read, in order: who (401), may they
+/// (403), their share (429), which attempt (400), what format (415), how
+/// big (413), room for the body (503). Works on the head alone: the route's
+/// `HttpRequest` or, before a `100 Continue`, actix's `Request`.
+pub(crate) async fn admit<R: HttpMessage>(
+    req: &R,
     state: &AppState,
-    body_read: &mut bool,
-) -> Result<(Outcome, HttpResponse), ApiError> {
-    let token = auth::bearer_token(req)?;
-    let deadline = super::deadline::of(req, state);
+    deadline: Deadline,
+) -> Result<Admitted, ApiError> {
+    let token = auth::bearer_token(req.headers())?;
     let caller = signed_in(state, token, deadline).await?;
     // The login was found: the log line names its maker, whatever comes next.
     req.extensions_mut()
         .insert(LoggedMaker(caller.login.name.clone()));
     auth::require(&caller.login, Permission::PlansSubmit)?;
     // Held until this request is answered.
-    let _slot = state
+    let slot = state
         .admission
         .enter(&caller.login.name)
         .ok_or_else(|| ApiError::Throttled(caller.login.name.clone()))?;
     let key = idempotency_key(req)?;
     require_json(req)?;
     let limit = state.http.body_limit;
-    let declared = declared_length(req);
+    let declared = declared_length(req.headers());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::PayloadTooLarge(limit));
     }
@@ -138,6 +163,36 @@ async fn submit(
         .reserve_body(room, BODY_BYTES_PATIENCE.min(deadline.remaining()))
         .await
         .ok_or(ApiError::BodiesInFlight)?;
+    Ok(Admitted {
+        caller,
+        key,
+        _slot: slot,
+        room,
+    })
+}
+
+/// `payload` is taken only when the body is read: an answer made before
+/// leaves it for [`submit_plan`] to close the connection with.
+async fn submit(
+    req: &HttpRequest,
+    payload: &mut Option<web::Payload>,
+    state: &AppState,
+    body_read: &mut bool,
+) -> Result<(Outcome, HttpResponse), ApiError> {
+    let deadline = super::deadline::of(req, state);
+    // Decided before a `100 Continue` was sent, or else now.
+    let decided = req.extensions_mut().remove::<Decided>();
+    let admitted = match decided {
+        Some(Decided(decided)) => decided?,
+        None => admit(req, state, deadline).await?,
+    };
+    let Admitted {
+        caller,
+        key,
+        _slot,
+        room,
+    } = admitted;
+    let limit = state.http.body_limit;
     let client_timeout = state.http.client_timeout;
     let unread = payload
         .take()
@@ -180,14 +235,13 @@ async fn submit(
 }
 
 /// The caller that owns `token`: a login found recently is taken from
-/// memory (the write checks the token again), any other costs one lookup.
+/// memory (the write checks the token again), any other costs one lookup
+/// (a stranger's, within the strangers' budget: `auth::admit_lookup`).
 async fn signed_in(state: &AppState, token: &str, deadline: Deadline) -> Result<Caller, ApiError> {
     if let Some(caller) = state.intake.known_caller(token) {
         return Ok(caller);
     }
-    if !state.intake.may_look_up(token) {
-        return Err(ApiError::StrangersTurnedAway);
-    }
+    auth::admit_lookup(state, token, deadline).await?;
     let token = token.to_owned();
     state
         .blocking(deadline, move |intake| intake.sign_in(&deadline, &token))
@@ -195,7 +249,7 @@ async fn signed_in(state: &AppState, token: &str, deadline: Deadline) -> Result<
         .ok_or(ApiError::Unauthorized("unknown or revoked token"))
 }
 
-fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+fn idempotency_key<R: HttpMessage>(req: &R) -> Result<IdempotencyKey, ApiError> {
     let mut values = req.headers().get_all(IDEMPOTENCY_KEY);
     let value = values.next().ok_or_else(|| {
         ApiError::BadIdempotencyKey(format!("the {IDEMPOTENCY_KEY} header is required"))
@@ -214,7 +268,7 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     Ok(key)
 }
 
-fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+fn require_json<R: HttpMessage>(req: &R) -> Result<(), ApiError> {
     match req.mime_type() {
         Ok(Some(mime)) if mime.essence_str() == "application/json" => Ok(()),
         _ => Err(ApiError::UnsupportedMediaType(
@@ -224,8 +278,8 @@ fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
 }
 
 /// The body's length as its `Content-Length` declares it, if it does.
-fn declared_length(req: &HttpRequest) -> Option<u64> {
-    req.headers()
+fn declared_length(headers: &header::HeaderMap) -> Option<u64> {
+    headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())

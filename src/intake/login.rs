@@ -225,10 +225,12 @@ pub struct Caller {
 
 /// Logins recently found active, by token hash: what lets the door refuse a
 /// stranger before reading a body without a lookup for every planner's
-/// request. Only ever a hint: the write checks the token again in its own
-/// statement, so a revoked or rotated token is refused at once even while
-/// it is remembered here. Unknown tokens are never remembered (a stranger
-/// costs one indexed lookup, a new login works at once).
+/// request, and tell a familiar token (shown by a login within the last
+/// hour, or read with every active login) from a stranger's, whose lookups
+/// are bounded ([`StrangerBudget`]). Only ever a hint: the write checks the
+/// token again in its own statement, so a revoked or rotated token is
+/// refused at once even while it is remembered here. Unknown tokens are
+/// never remembered (a new login works at once).
 pub struct KnownLogins {
     entries: Mutex<HashMap<String, (Login, Instant)>>,
 }
@@ -285,19 +287,82 @@ impl KnownLogins {
 /// token bucket of one second's worth): a flood of strangers with random
 /// tokens costs the database that many indexed reads a second, and past it
 /// they are turned away before they reach the pool, while familiar tokens
-/// are looked up as always. A genuinely new token turned away gets a 503
-/// and is looked up on its retry.
+/// are looked up as always. With the budget spent, an unfamiliar token
+/// waits for a read of every active login begun after it arrived (one at a
+/// time, at most every [`Self::REREAD`], shared by everyone waiting), so a
+/// new login's token is found among them and not turned away; a stranger's
+/// is turned away then, having cost no lookup of its own.
 pub struct StrangerBudget {
     state: Mutex<(f64, Instant)>,
+    /// When the last read of every active login began.
+    reread_begun: Mutex<Option<Instant>>,
+    /// When the last completed read of every active login began.
+    reread_done: tokio::sync::watch::Sender<Option<Instant>>,
+}
+
+/// What an unfamiliar token that arrived at some instant does next, with
+/// the strangers' lookups used up.
+pub enum Reread {
+    /// A read of every active login begun since it arrived has completed:
+    /// if the token is still unfamiliar, it names no login.
+    Covered,
+    /// Make that read now (it began at this instant), then look again.
+    Mine(Instant),
+    /// Another read is under way or not yet due: wait at most this long
+    /// for one to complete, then look again.
+    Wait(Duration, tokio::sync::watch::Receiver<Option<Instant>>),
 }
 
 impl StrangerBudget {
     pub const PER_SECOND: f64 = 200.0;
+    /// The shortest time between two reads of every active login.
+    pub const REREAD: Duration = Duration::from_millis(50);
 
     pub fn new() -> Self {
         Self {
             state: Mutex::new((Self::PER_SECOND, Instant::now())),
+            reread_begun: Mutex::new(None),
+            reread_done: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// What a token that arrived at `since` does next (see [`Reread`]).
+    pub fn reread_for(&self, since: Instant) -> Reread {
+        if self
+            .reread_done
+            .borrow()
+            .is_some_and(|begun| begun >= since)
+        {
+            return Reread::Covered;
+        }
+        let mut begun = self
+            .reread_begun
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match *begun {
+            // Under way, or failed: wait for it, or until another is due.
+            Some(at) if at >= since => Reread::Wait(Self::REREAD, self.reread_done.subscribe()),
+            Some(at) if now.duration_since(at) < Self::REREAD => Reread::Wait(
+                Self::REREAD - now.duration_since(at),
+                self.reread_done.subscribe(),
+            ),
+            _ => {
+                *begun = Some(now);
+                Reread::Mine(now)
+            }
+        }
+    }
+
+    /// The read of every active login begun at `begun` has completed.
+    pub fn reread_completed(&self, begun: Instant) {
+        self.reread_done.send_if_modified(|done| {
+            let newer = done.is_none_or(|at| at < begun);
+            if newer {
+                *done = Some(begun);
+            }
+            newer
+        });
     }
 
     /// Takes one lookup if one is left.
@@ -327,6 +392,31 @@ impl Default for KnownLogins {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Remembers every active login under its token's hash (and its previous
+/// token's, in its grace period): one read of `logins`.
+pub(crate) fn remember_active(
+    db: &Database,
+    known: &KnownLogins,
+    deadline: &Deadline,
+) -> Result<(), LoginError> {
+    let now = super::submit::now_micros();
+    let rows = db.read(deadline, repo::all_active)?;
+    for row in rows {
+        let hashes = [
+            Some(row.token_hash.clone()),
+            row.previous_token_hash.clone().filter(|_| {
+                row.previous_token_expires_at
+                    .is_some_and(|until| until > now)
+            }),
+        ];
+        let login = login_of(row)?;
+        for hash in hashes.into_iter().flatten() {
+            known.remember(&hash, &login);
+        }
+    }
+    Ok(())
 }
 
 /// The active login that owns `token`, if any, looked up outside any

@@ -85,9 +85,39 @@ impl Intake {
             self.metrics.stranger_lookup();
             true
         } else {
-            self.metrics.stranger("turned_away");
             false
         }
+    }
+
+    /// With the strangers' lookups used up: what a token that arrived at
+    /// `since` does next ([`login::Reread`]).
+    pub fn reread_for(&self, since: std::time::Instant) -> login::Reread {
+        self.strangers.reread_for(since)
+    }
+
+    /// Remembers every active login (one read of `logins`): at start, so
+    /// that planners are familiar after a restart, and when the strangers'
+    /// lookups are used up, so that a new login's token is found. `begun`:
+    /// when the read was handed out ([`login::Reread::Mine`]).
+    pub fn remember_active_logins(
+        &self,
+        begun: std::time::Instant,
+        deadline: &Deadline,
+    ) -> Result<(), ReadError> {
+        login::remember_active(&self.db, &self.known, deadline)?;
+        self.strangers.reread_completed(begun);
+        Ok(())
+    }
+
+    /// Whether a login showed `token` lately (or it was read with every
+    /// active login).
+    pub fn familiar(&self, token: &str) -> bool {
+        self.known.familiar(&login::token_hash(token))
+    }
+
+    /// A stranger turned away before any lookup, counted.
+    pub fn turn_away(&self) {
+        self.metrics.stranger("turned_away");
     }
 
     /// The caller that owns `token`, if its login is active: one indexed

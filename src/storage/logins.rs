@@ -61,6 +61,14 @@ pub fn find_active_by_token_hash(
     with_conn!(conn, c => active_by_token_hash!(token_hash, now).get_result(c).optional())
 }
 
+/// Every active (not revoked) login.
+pub fn all_active(conn: &mut DbConn) -> QueryResult<Vec<LoginRow>> {
+    with_conn!(conn, c => logins::table
+        .filter(logins::revoked_at.is_null())
+        .select(LoginRow::as_select())
+        .load(c))
+}
+
 /// SQLite: [`find_active_by_token_hash`] on the connection that writes.
 pub(super) fn find_active_on_sqlite(
     lite: &mut diesel::SqliteConnection,

@@ -57,6 +57,12 @@ async fn every_counter_is_present_from_the_start(db: TestDb) {
             branch.as_str()
         ));
     }
+    for answer in plan_intake::metrics::STRANGER_ANSWERS {
+        expected.push(format!(
+            "plan_intake_strangers_total{{answer=\"{answer}\"}} 0"
+        ));
+    }
+    expected.push("plan_intake_stranger_lookups_total 0".to_owned());
     for route in plan_intake::metrics::TIMED_ROUTES {
         expected.push(format!(
             "plan_intake_request_timeouts_total{{route=\"{route}\"}} 0"
@@ -246,7 +252,7 @@ async fn the_openapi_document_covers_every_route_status_and_header() {
         assert!(
             served.body["type"]
                 .as_str()
-                .is_none_or(|t| !t.ends_with("/not-found")),
+                .is_none_or(|t| !t.ends_with("/not-found") && !t.ends_with("/method-not-allowed")),
             "{path} is documented but not served"
         );
     }
