@@ -45,8 +45,8 @@ pub async fn submit_plan(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (mut payload, mut body_read) = (Some(payload), false);
-    let answer = submit(&req, &mut payload, &state, &mut body_read).await;
+    let mut payload = Some(payload);
+    let answer = submit(&req, &mut payload, &state).await;
     let label = match &answer {
         Ok((outcome, _)) => outcome.as_str(),
         Err(e) => e.outcome_label(),
@@ -54,8 +54,8 @@ pub async fn submit_plan(
     state.intake.metrics.outcome(label);
     match (answer, payload) {
         (Ok((_, response)), _) => Ok(response),
-        // A body left unread is not drained: the connection goes with it,
-        // chunked or not. The unread payload is kept with the answer until
+        // A body left unread, or refused part way (too large, too slow), is
+        // not drained: the connection goes with it, chunked or not. The unread payload is kept with the answer until
         // it is sent: actix then closes the connection after a short linger
         // (`client_disconnect_timeout`), where a payload already dropped
         // would be read to its end, for as long as the client sends.
@@ -70,14 +70,6 @@ pub async fn submit_plan(
                     _unread: unread,
                 })
             }))
-        }
-        // Its reading failed part way (too slow, too large): the same.
-        (Err(error), None) if !body_read => {
-            let mut response = error.error_response();
-            response
-                .head_mut()
-                .set_connection_type(ConnectionType::Close);
-            Ok(response)
         }
         (Err(error), None) => Err(error),
     }
@@ -171,13 +163,13 @@ pub(crate) async fn admit<R: HttpMessage>(
     })
 }
 
-/// `payload` is taken only when the body is read: an answer made before
-/// leaves it for [`submit_plan`] to close the connection with.
+/// `payload` is given up only once the body is read whole: an answer made
+/// before, or a body refused part way, leaves it for [`submit_plan`] to
+/// close the connection with.
 async fn submit(
     req: &HttpRequest,
     payload: &mut Option<web::Payload>,
     state: &AppState,
-    body_read: &mut bool,
 ) -> Result<(Outcome, HttpResponse), ApiError> {
     let deadline = super::deadline::of(req, state);
     // Decided before a `100 Continue` was sent, or else now.
@@ -195,12 +187,14 @@ async fn submit(
     let limit = state.http.body_limit;
     let client_timeout = state.http.client_timeout;
     let unread = payload
-        .take()
+        .as_mut()
         .ok_or_else(|| ApiError::Internal("the body was already taken".into()))?;
+    // Read in place: a body refused part way (too large, too slow) leaves
+    // its payload with `submit_plan`, which closes the connection.
     let bytes = actix_web::rt::time::timeout(client_timeout, read_body(unread, limit))
         .await
         .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
-    *body_read = true;
+    *payload = None;
     // A large body waits for its turn, so that few are parsed and held
     // at once; past the deadline, 503.
     let turn = state
@@ -285,12 +279,27 @@ fn declared_length(headers: &header::HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse::<u64>().ok())
 }
 
-async fn read_body(payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(ApiError::MalformedJson(format!(
-            "could not read the body: {e}"
-        ))),
-        Err(_) => Err(ApiError::PayloadTooLarge(limit)),
+/// The whole body, at most `limit` bytes, read through `payload` (which
+/// stays the caller's, read or not).
+async fn read_body(payload: &mut web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+    use futures_core::Stream;
+    let mut body = web::BytesMut::new();
+    loop {
+        let chunk =
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut *payload).poll_next(cx)).await;
+        match chunk {
+            None => return Ok(body.freeze()),
+            Some(Ok(chunk)) => {
+                if body.len() + chunk.len() > limit {
+                    return Err(ApiError::PayloadTooLarge(limit));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Some(Err(e)) => {
+                return Err(ApiError::MalformedJson(format!(
+                    "could not read the body: {e}"
+                )));
+            }
+        }
     }
 }

@@ -364,15 +364,28 @@ fn strangers_cannot_starve_a_planner_on_either_backend() {
 }
 
 /// A refused body ends its connection within a second or two of the
-/// answer, chunked or not, however long the client keeps sending.
+/// answer, chunked or not, however long the client keeps sending: a
+/// stranger's (401 before the body), and a planner's chunked body past the
+/// body limit (413 part way) or too slow (408).
 #[test]
-fn a_strangers_body_ends_its_connection_promptly_chunked_or_not() {
+fn a_refused_body_ends_its_connection_promptly_chunked_or_not() {
     use std::io::{Read, Write};
     let scratch = TestDb::sqlite();
     let url = scratch.url.clone();
-    let _app = TestApp::new(scratch);
-    let server = crate::support::process::ServeProcess::start(&url);
-    for chunked in [true, false] {
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let server = crate::support::process::ServeProcess::start_with(
+        &url,
+        &["--body-limit", "65536", "--client-timeout-ms", "1000"],
+    );
+    // (token, chunked, pause between pieces, the answer expected)
+    let cases = [
+        ("pit_stranger", true, 10, "HTTP/1.1 401"),
+        ("pit_stranger", false, 10, "HTTP/1.1 401"),
+        (planner.as_str(), true, 10, "HTTP/1.1 413"),
+        (planner.as_str(), true, 200, "HTTP/1.1 408"),
+    ];
+    for (token, chunked, pause_ms, expected) in cases {
         let mut stream = std::net::TcpStream::connect(&server.addr).expect("connect");
         let framing = if chunked {
             "Transfer-Encoding: chunked"
@@ -381,47 +394,52 @@ fn a_strangers_body_ends_its_connection_promptly_chunked_or_not() {
         };
         write!(
             stream,
-            "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pit_stranger\r\nIdempotency-Key: k\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+            "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nIdempotency-Key: k-{pause_ms}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
         )
         .expect("a head");
         stream
-            .set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .set_read_timeout(Some(std::time::Duration::from_millis(pause_ms)))
             .expect("timeout");
         let piece = if chunked {
-            format!("400\r\n{}\r\n", " ".repeat(1024))
+            format!("2000\r\n{}\r\n", " ".repeat(8192))
         } else {
-            " ".repeat(1024)
+            " ".repeat(8192)
         };
-        let started = std::time::Instant::now();
         let mut answer = Vec::new();
-        let ended = loop {
-            let elapsed = started.elapsed();
+        let mut answered_at = None;
+        let started = std::time::Instant::now();
+        let closed_at = loop {
             assert!(
-                elapsed < std::time::Duration::from_secs(10),
-                "chunked={chunked}: still open after {elapsed:?}, answer {:?}",
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "{expected}: still open, answer {:?}",
                 String::from_utf8_lossy(&answer)
             );
             if stream.write_all(piece.as_bytes()).is_err() {
-                break elapsed;
+                break std::time::Instant::now();
             }
             let mut buf = [0u8; 4096];
             match stream.read(&mut buf) {
-                Ok(0) => break elapsed,
-                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Ok(0) => break std::time::Instant::now(),
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    answered_at.get_or_insert_with(std::time::Instant::now);
+                }
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         || e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => break elapsed,
+                Err(_) => break std::time::Instant::now(),
             }
         };
         assert!(
-            String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 401"),
-            "chunked={chunked}: {:?}",
+            String::from_utf8_lossy(&answer).starts_with(expected),
+            "{expected}: {:?}",
             String::from_utf8_lossy(&answer)
         );
+        let after_answer = closed_at.duration_since(answered_at.unwrap_or(closed_at));
         assert!(
-            ended < std::time::Duration::from_secs(3),
-            "chunked={chunked}: closed after {ended:?}"
+            after_answer < std::time::Duration::from_secs(3),
+            "{expected}: closed {after_answer:?} after the answer"
         );
     }
+    app.assert_rows(0, 0);
 }
