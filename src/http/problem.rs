@@ -113,7 +113,7 @@ pub enum Refusals {
     /// The login lacks the permission this route needs
     #[response(status = 403, content_type = "application/problem+json")]
     Forbidden(Problem),
-    /// Database unavailable, retries exhausted, COMMIT outcome unknown, the request's deadline passed, or too many request bodies in flight: retry (with the same key)
+    /// Database unavailable, retries exhausted, COMMIT outcome unknown, the request's deadline passed, too many request bodies or plan reads in flight, or too many sign-ins with unfamiliar tokens at once: retry (with the same key)
     #[response(status = 503, content_type = "application/problem+json",
         headers(("Retry-After" = u64, description = "Seconds to wait")))]
     Unavailable(Problem),

@@ -572,18 +572,33 @@ fn a_plan_read_waits_for_room_among_the_bytes_in_flight() {
     }
 }
 
+/// A service on a scratch SQLite file holding `plans` plans, a directory
+/// for a follower's cursor file, the cursor file's path (not yet there) and
+/// the service's base URL.
+fn stage_with_plans(
+    plans: usize,
+) -> (
+    crate::tools::Stage,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    String,
+) {
+    let stage = crate::tools::Stage::new(TestDb::sqlite());
+    crate::tools::post_many(&stage.server.addr, &stage.planner, "run", plans)
+        .join()
+        .expect("the plans");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cursor = dir.path().join("orders.cursor");
+    let base = format!("http://{}", stage.server.addr);
+    (stage, dir, cursor, base)
+}
+
 /// `follow` whose stdout was closed before it started (`>&-`) hands
 /// nothing on: exit 74, one line, no cursor saved; the next run with an
 /// output delivers every receipt.
 #[test]
 fn follow_with_a_closed_stdout_exits_74_and_keeps_the_cursor() {
-    let stage = crate::tools::Stage::new(TestDb::sqlite());
-    crate::tools::post_many(&stage.server.addr, &stage.planner, "run", 5)
-        .join()
-        .expect("5 plans");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cursor = dir.path().join("orders.cursor");
-    let base = format!("http://{}", stage.server.addr);
+    let (stage, _dir, cursor, base) = stage_with_plans(5);
     let follow = |shell_redirect: &str| {
         let script = format!(
             "exec \"$0\" follow --cursor-file '{}' --from-start --drain {shell_redirect}",
@@ -628,15 +643,9 @@ fn follow_with_a_closed_stdout_exits_74_and_keeps_the_cursor() {
 /// to it again for ever; the cursor is not moved.
 #[test]
 fn follow_exec_of_a_command_that_cannot_start_exits_71() {
-    let stage = crate::tools::Stage::new(TestDb::sqlite());
-    crate::tools::post_many(&stage.server.addr, &stage.planner, "run", 2)
-        .join()
-        .expect("2 plans");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cursor = dir.path().join("orders.cursor");
+    let (stage, dir, cursor, base) = stage_with_plans(2);
     let not_executable = dir.path().join("script.sh");
     std::fs::write(&not_executable, "#!/bin/sh\ncat\n").expect("a script");
-    let base = format!("http://{}", stage.server.addr);
     for command in [
         "no-such-command-anywhere".to_owned(),
         not_executable.display().to_string(),
@@ -675,12 +684,7 @@ fn follow_exec_of_a_command_that_cannot_start_exits_71() {
 /// that says what to do, and writes nothing.
 #[test]
 fn follow_with_another_deployments_cursor_exits_65() {
-    let stage = crate::tools::Stage::new(TestDb::sqlite());
-    crate::tools::post_many(&stage.server.addr, &stage.planner, "run", 2)
-        .join()
-        .expect("2 plans");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cursor = dir.path().join("orders.cursor");
+    let (stage, _dir, cursor, base) = stage_with_plans(2);
     let elsewhere = hex("v2:0:1:0011223344556677");
     std::fs::write(&cursor, format!("{elsewhere}\n")).expect("a cursor");
     let out = crate::tools::tool(
@@ -690,7 +694,7 @@ fn follow_with_another_deployments_cursor_exits_65() {
             cursor.to_str().expect("path"),
             "--drain",
         ],
-        &format!("http://{}", stage.server.addr),
+        &base,
         &stage.reader,
     )
     .output()
