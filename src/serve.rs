@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use actix_http::HttpService;
 use actix_server::{Server, ServerHandle};
-use actix_service::{IntoServiceFactory, ServiceFactoryExt, map_config};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, fn_service, map_config};
 use actix_web::dev::AppConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -129,7 +129,8 @@ fn server(config: &ServeConfig, state: AppState) -> Result<Server, ServeError> {
                     .into_factory()
                     .map_err(|error| error.error_response());
                 let routes_config = app_config.clone();
-                HttpService::build()
+                let client_timeout_ms = http.client_timeout.as_millis();
+                let service = HttpService::build()
                     // Doc-hidden, as `HttpServer` itself calls it.
                     .graceful_shutdown_signal(move || {
                         let stopping = stopping.clone();
@@ -141,8 +142,22 @@ fn server(config: &ServeConfig, state: AppState) -> Result<Server, ServeError> {
                     .tcp_nodelay(true)
                     .local_addr(addr)
                     .expect(http::expect_continue(state.clone(), app_config))
-                    .finish(map_config(routes, move |()| routes_config.clone()))
-                    .tcp()
+                    .finish(map_config(routes, move |()| routes_config.clone()));
+                // What `HttpService::tcp` does, with each connection wrapped
+                // so that actix's own 400, 408 and 431 carry problem+json.
+                fn_service(move |io: actix_web::rt::net::TcpStream| async move {
+                    if let Err(error) = io.set_nodelay(true) {
+                        tracing::debug!(%error, "cannot set TCP_NODELAY");
+                    }
+                    let peer = io.peer_addr().ok();
+                    let io = http::own_answers::ProblemStream::new(io, client_timeout_ms);
+                    Ok::<_, actix_http::error::DispatchError>((
+                        io,
+                        actix_http::Protocol::Http1,
+                        peer,
+                    ))
+                })
+                .and_then(service)
             })
             .map_err(bind_error)?;
     }

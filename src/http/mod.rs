@@ -10,6 +10,7 @@ mod expect;
 mod feed;
 pub mod observe;
 pub mod openapi;
+pub mod own_answers;
 mod plans;
 pub mod problem;
 mod reads;

@@ -21,7 +21,7 @@ use utoipa::{Modify, OpenApi};
         super::metrics,
         document,
     ),
-    modifiers(&BearerAuth, &NoLicenseClaimed)
+    modifiers(&BearerAuth, &NoLicenseClaimed, &HeadWhereGet)
 )]
 pub struct ApiDoc;
 
@@ -39,6 +39,31 @@ impl Modify for NoLicenseClaimed {
             .is_some_and(|license| license.name.trim().is_empty())
         {
             openapi.info.license = None;
+        }
+    }
+}
+
+/// HEAD is answered wherever GET is (`http::app`): each GET operation has
+/// its HEAD twin, with the same answers and headers and no body.
+struct HeadWhereGet;
+
+impl Modify for HeadWhereGet {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::RefOr;
+        for item in openapi.paths.paths.values_mut() {
+            let Some(get) = &item.get else { continue };
+            let mut head = get.clone();
+            head.operation_id = get.operation_id.as_ref().map(|id| format!("{id}_head"));
+            head.summary = Some(format!(
+                "{} (HEAD: the same answer without its body)",
+                get.summary.as_deref().unwrap_or("As GET")
+            ));
+            for response in head.responses.responses.values_mut() {
+                if let RefOr::T(response) = response {
+                    response.content.clear();
+                }
+            }
+            item.head = Some(head);
         }
     }
 }

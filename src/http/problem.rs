@@ -67,6 +67,16 @@ pub enum ApiError {
     /// The client sent its body too slowly: 408, the connection is closed.
     #[error("the request body did not arrive within {0} ms")]
     SlowClient(u128),
+    /// The request head did not arrive in time (answered by actix itself,
+    /// given its body by `own_answers`): 408, the connection is closed.
+    #[error("the request head did not arrive within {0} ms")]
+    SlowHead(u128),
+    /// A request head that is not HTTP/1.1 (actix's own answer): 400.
+    #[error("the request head is not valid HTTP/1.1")]
+    MalformedHead,
+    /// A request head over actix's limits (actix's own answer): 431.
+    #[error("the request head has more than 96 header fields or more than 128 KiB")]
+    HeadTooLarge,
     /// The cause is logged; the caller is told to retry with the same key.
     #[error("service unavailable")]
     Unavailable(#[source] Cause),
@@ -151,7 +161,10 @@ impl ApiError {
             | ApiError::Invalid(_)
             | ApiError::PayloadTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
-            | ApiError::SlowClient(_) => "invalid",
+            | ApiError::SlowClient(_)
+            | ApiError::SlowHead(_)
+            | ApiError::MalformedHead
+            | ApiError::HeadTooLarge => "invalid",
         }
     }
 
@@ -178,7 +191,14 @@ impl ApiError {
             ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => {
                 ("busy", "Service Unavailable")
             }
-            ApiError::SlowClient(_) => ("request-timeout", "Request Timeout"),
+            ApiError::SlowClient(_) | ApiError::SlowHead(_) => {
+                ("request-timeout", "Request Timeout")
+            }
+            ApiError::MalformedHead => ("malformed-request", "Bad Request"),
+            ApiError::HeadTooLarge => (
+                "request-header-fields-too-large",
+                "Request Header Fields Too Large",
+            ),
             ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
             ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
             ApiError::Internal(_) => ("internal", "Internal Server Error"),
@@ -204,6 +224,23 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The problem+json body of this answer.
+    pub fn problem(&self, status: StatusCode) -> Problem {
+        let (slug, title) = self.slug_and_title();
+        Problem {
+            kind: format!("{PROBLEM_BASE}{slug}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: self.detail(),
+            errors: match self {
+                ApiError::Invalid(errors) => Some(errors.clone()),
+                _ => None,
+            },
+        }
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
@@ -214,7 +251,8 @@ impl ResponseError for ApiError {
             ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
             | ApiError::BadQuery(_)
-            | ApiError::CursorNotInFeed(_) => StatusCode::BAD_REQUEST,
+            | ApiError::CursorNotInFeed(_)
+            | ApiError::MalformedHead => StatusCode::BAD_REQUEST,
             ApiError::Invalid(_) | ApiError::KeyReused | ApiError::Refused(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -225,7 +263,8 @@ impl ResponseError for ApiError {
             | ApiError::BodiesInFlight
             | ApiError::StrangersTurnedAway => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::SlowClient(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::SlowClient(_) | ApiError::SlowHead(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -241,17 +280,7 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        let (slug, title) = self.slug_and_title();
-        let problem = Problem {
-            kind: format!("{PROBLEM_BASE}{slug}"),
-            title: title.to_owned(),
-            status: status.as_u16(),
-            detail: self.detail(),
-            errors: match self {
-                ApiError::Invalid(errors) => Some(errors.clone()),
-                _ => None,
-            },
-        };
+        let problem = self.problem(status);
         let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
         match self {

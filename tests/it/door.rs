@@ -436,3 +436,81 @@ fn a_refused_body_ends_its_connection_promptly_chunked_or_not() {
     }
     app.assert_rows(0, 0);
 }
+
+/// The answers actix writes by itself, before any route sees the request
+/// (a head too slow, malformed or too large), and an unknown path, are
+/// problem+json like every other refusal, with the README's type URIs and
+/// a body as long as their `Content-Length` says.
+#[test]
+fn answers_actix_gives_itself_are_problem_json() {
+    use std::io::{Read, Write};
+    let scratch = TestDb::sqlite();
+    let url = scratch.url.clone();
+    let _app = TestApp::new(scratch);
+    let server =
+        crate::support::process::ServeProcess::start_with(&url, &["--client-timeout-ms", "1000"]);
+    let many_headers: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let huge_header = format!("X-Big: {}\r\n", "a".repeat(200_000));
+    let cases = [
+        (
+            "GET /healthz HTTP/1.1\r\nHost: x\r\n".to_owned(),
+            408,
+            "request-timeout",
+        ),
+        (
+            "NOT HTTP AT ALL\r\n\r\n".to_owned(),
+            400,
+            "malformed-request",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n"),
+            431,
+            "request-header-fields-too-large",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{huge_header}\r\n"),
+            431,
+            "request-header-fields-too-large",
+        ),
+        (
+            "GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_owned(),
+            404,
+            "not-found",
+        ),
+    ];
+    for (request, status, slug) in cases {
+        let mut stream = std::net::TcpStream::connect(&server.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        // A head too large may be answered before all of it is sent.
+        let _ = stream.write_all(request.as_bytes());
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("{status}: no head in {answer:?}"));
+        let head_lower = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{status}: {answer:?}"
+        );
+        assert!(
+            head_lower.contains("content-type: application/problem+json"),
+            "{status}: {head}"
+        );
+        assert!(
+            head_lower.contains(&format!("content-length: {}", body.len())),
+            "{status}: {answer:?}"
+        );
+        let problem: serde_json::Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{status}: {e}: {body:?}"));
+        assert_eq!(
+            problem["type"],
+            format!("https://plan-intake.dev/problems/{slug}"),
+            "{status}: {body}"
+        );
+        assert_eq!(problem["status"], status, "{body}");
+    }
+}
