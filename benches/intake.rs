@@ -965,13 +965,10 @@ fn write_only(db: &Database, duration: Duration, options: &Options, token: &str,
         duration,
         |_| (),
         move |_, client, sequence| {
-            let Ok(mut conn) = ceiling_db.conn() else {
-                return false;
-            };
             let plan = bench_plan(&tag, client, sequence);
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             matches!(
-                ceiling_db.write_plan(&mut conn, &plan, &plan.run_id, &token_hash, &deadline),
+                ceiling_db.write_plan(&plan, &plan.run_id, &token_hash, &deadline),
                 Ok(plan_intake::storage::plans::Written::Created(_))
             )
         },

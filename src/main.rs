@@ -114,7 +114,10 @@ enum Command {
         /// Bytes of plans one `expand=plan` feed page holds; past it the page ends early with its `next` (one larger plan is a page of one)
         #[arg(long, env = "PLAN_INTAKE_FEED_PAGE_BYTES", default_value_t = DEFAULT_FEED_PAGE_BYTES, value_parser = parse_bytes_in_flight)]
         feed_page_bytes: usize,
-        /// A request's head, and then its body, must arrive within this many ms (408 otherwise)
+        /// Postgres: the most plans written together in one statement and one commit (group commit); a lone plan is written at once. At most 31, so each batch's subtransactions stay within what Postgres caches
+        #[arg(long, env = "PLAN_INTAKE_PG_WRITE_BATCH", default_value_t = plan_intake::storage::pg_batch::DEFAULT_PG_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=plan_intake::storage::pg_batch::MAX_PG_BATCH as i64))]
+        pg_write_batch: u32,
+        /// A connection's first request head, and then each body, must arrive within this many ms (408 otherwise)
         #[arg(long, env = "PLAN_INTAKE_CLIENT_TIMEOUT_MS", default_value_t = millis(DEFAULT_CLIENT_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
         client_timeout_ms: u64,
         /// HTTP worker threads (default: one per CPU)
@@ -472,6 +475,7 @@ fn run(command: Command) -> Result<(), CommandError> {
             max_inflight_per_login,
             max_body_bytes_in_flight,
             feed_page_bytes,
+            pg_write_batch,
             client_timeout_ms,
         } => Ok(serve::run(ServeConfig {
             bind,
@@ -484,6 +488,7 @@ fn run(command: Command) -> Result<(), CommandError> {
                 feed_listener: true,
                 feed_listen_url,
                 pg_pooler: db.pg_pooler,
+                pg_write_batch: pg_write_batch as usize,
             },
             http: HttpConfig {
                 body_limit,

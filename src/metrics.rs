@@ -16,6 +16,8 @@ pub struct Metrics {
     timeouts: IntCounterVec,
     group_commit_failures: IntCounterVec,
     request_seconds: HistogramVec,
+    write_batch_plans: HistogramVec,
+    write_batches_split: IntCounter,
     pool_connections: IntGauge,
     pool_idle: IntGauge,
     pool_waiters: IntGauge,
@@ -55,7 +57,13 @@ pub const TIMED_ROUTES: [&str; 5] = [
     "/v1/receipts/{receipt_id}",
     "/readyz",
 ];
-pub const GROUP_COMMIT_FAILURES: [&str; 2] = ["leader_panicked", "commit_failed"];
+pub const GROUP_COMMIT_FAILURES: [&str; 3] = ["leader_panicked", "commit_failed", "no_connection"];
+
+/// Backends, each with its own series of write batch sizes.
+pub const BACKENDS: [&str; 2] = ["postgres", "sqlite"];
+
+/// Write batch size buckets, in plans: one alone up to SQLite's largest.
+const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 31.0, 64.0, 256.0];
 
 /// How an unknown COMMIT was settled by the re-read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +177,7 @@ impl Metrics {
             ),
             group_commit_failures: define.counters(
                 "plan_intake_group_commit_failures_total",
-                "SQLite writers answered 503 because their shared batch failed, by reason",
+                "Writers answered 503 because their shared write batch failed, or found no connection for it, by reason",
                 "reason",
                 &GROUP_COMMIT_FAILURES,
             ),
@@ -178,6 +186,22 @@ impl Metrics {
                 "HTTP request latency, by route pattern and status",
                 &["route", "status"],
                 &LATENCY_BUCKETS,
+            ),
+            write_batch_plans: {
+                let batches = define.histograms(
+                    "plan_intake_write_batch_plans",
+                    "Plans written together by one statement and one commit (group commit), by backend",
+                    &["backend"],
+                    &BATCH_BUCKETS,
+                );
+                for backend in BACKENDS {
+                    batches.with_label_values(&[backend]);
+                }
+                batches
+            },
+            write_batches_split: define.counter(
+                "plan_intake_write_batches_split_total",
+                "Postgres write batches that failed for one plan's reason and were written again one plan at a time",
             ),
             pool_connections: define.int_gauge(
                 "plan_intake_db_pool_connections",
@@ -266,6 +290,24 @@ impl Metrics {
 
     pub fn timeout_count(&self, route: &str) -> u64 {
         self.timeouts.with_label_values(&[route]).get()
+    }
+
+    /// Where `backend`'s (`postgres`, `sqlite`) write batches are counted.
+    pub fn write_batches(&self, backend: &str) -> crate::storage::pg_batch::BatchMetrics {
+        crate::storage::pg_batch::BatchMetrics {
+            sizes: self.write_batch_plans.with_label_values(&[backend]),
+            split: self.write_batches_split.clone(),
+        }
+    }
+
+    /// How many write batches `backend` wrote, and how many plans they held.
+    pub fn write_batch_totals(&self, backend: &str) -> (u64, f64) {
+        let sizes = self.write_batch_plans.with_label_values(&[backend]);
+        (sizes.get_sample_count(), sizes.get_sample_sum())
+    }
+
+    pub fn write_batches_split_count(&self) -> u64 {
+        self.write_batches_split.get()
     }
 
     pub fn group_commit_failure(&self, reason: &str) {

@@ -26,10 +26,13 @@ use super::problem::ApiError;
 pub struct ProblemStream<T> {
     inner: T,
     client_timeout_ms: u128,
-    /// A rewritten answer (and what preceded it in the same write), owed to
-    /// the socket: actix was told it was written.
+    /// A rewritten answer being written, how much of it is out, and the
+    /// length of actix's own answer it stands for: that write is answered
+    /// (with that length) only once all of it is out, so actix keeps
+    /// flushing until then.
     owed: Vec<u8>,
     owed_from: usize,
+    stands_for: usize,
 }
 
 impl<T> ProblemStream<T> {
@@ -39,6 +42,7 @@ impl<T> ProblemStream<T> {
             client_timeout_ms,
             owed: Vec::new(),
             owed_from: 0,
+            stands_for: 0,
         }
     }
 
@@ -81,37 +85,39 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ProblemStream<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        ready!(this.poll_pay(cx))?;
-        match rewrite(buf, this.client_timeout_ms) {
-            None => Pin::new(&mut this.inner).poll_write(cx, buf),
-            Some(rewritten) => {
-                this.owed = rewritten;
-                // All of `buf` is ours now; what the socket does not take
-                // yet is written at the next write, flush or shutdown.
-                if let Poll::Ready(Err(error)) = this.poll_pay(cx) {
-                    return Poll::Ready(Err(error));
+        if this.owed.is_empty() {
+            match own_answer_at(buf) {
+                // Earlier answers go out untouched first; the next write
+                // starts with actix's own.
+                Some(start) if start > 0 => {
+                    return Pin::new(&mut this.inner).poll_write(cx, &buf[..start]);
                 }
-                Poll::Ready(Ok(buf.len()))
+                Some(_) => match rewrite(buf, this.client_timeout_ms) {
+                    Some(rewritten) => {
+                        this.owed = rewritten;
+                        this.stands_for = buf.len();
+                    }
+                    None => return Pin::new(&mut this.inner).poll_write(cx, buf),
+                },
+                None => return Pin::new(&mut this.inner).poll_write(cx, buf),
             }
         }
+        // actix offers the same bytes again until told they are written.
+        ready!(this.poll_pay(cx))?;
+        Poll::Ready(Ok(std::mem::take(&mut this.stands_for)))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.poll_pay(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.poll_pay(cx))?;
-        Pin::new(&mut this.inner).poll_shutdown(cx)
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
-/// `buf` with its trailing actix-own answer given a problem+json body, or
-/// `None` when it does not end with one.
-fn rewrite(buf: &[u8], client_timeout_ms: u128) -> Option<Vec<u8>> {
+/// Where the actix-own answer that ends `buf` starts, if it ends with one.
+fn own_answer_at(buf: &[u8]) -> Option<usize> {
     const END: &[u8] = b"\r\n\r\n";
     if !buf.ends_with(END) {
         return None;
@@ -120,7 +126,16 @@ fn rewrite(buf: &[u8], client_timeout_ms: u128) -> Option<Vec<u8>> {
     let start = buf
         .windows(9)
         .rposition(|w| w == b"HTTP/1.1 " || w == b"HTTP/1.0 ")?;
-    let head = std::str::from_utf8(&buf[start..buf.len() - END.len()]).ok()?;
+    rewrite(&buf[start..], 0).map(|_| start)
+}
+
+/// `buf`, which is one actix-own answer and nothing else, given its
+/// problem+json body; `None` when it is something else.
+fn rewrite(buf: &[u8], client_timeout_ms: u128) -> Option<Vec<u8>> {
+    let head = std::str::from_utf8(buf.strip_suffix(b"\r\n\r\n")?).ok()?;
+    if head.contains("\r\n\r\n") {
+        return None;
+    }
     let mut lines = head.split("\r\n");
     let status_line = lines.next()?;
     let error = match status_line.get(9..12)? {
@@ -149,8 +164,7 @@ fn rewrite(buf: &[u8], client_timeout_ms: u128) -> Option<Vec<u8>> {
         return None;
     }
     let body = serde_json::to_vec(&error.problem(error.status_code())).ok()?;
-    let mut out = Vec::with_capacity(start + head.len() + body.len() + 128);
-    out.extend_from_slice(&buf[..start]);
+    let mut out = Vec::with_capacity(head.len() + body.len() + 128);
     out.extend_from_slice(status_line.as_bytes());
     out.extend_from_slice(b"\r\n");
     for line in kept {
@@ -165,7 +179,7 @@ fn rewrite(buf: &[u8], client_timeout_ms: u128) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::rewrite;
+    use super::{own_answer_at, rewrite};
 
     fn body_of(answer: &[u8]) -> serde_json::Value {
         let text = std::str::from_utf8(answer).unwrap();
@@ -203,11 +217,16 @@ mod tests {
     }
 
     #[test]
-    fn earlier_bytes_are_kept_and_routes_answers_untouched() {
+    fn earlier_bytes_go_first_and_routes_answers_are_untouched() {
         let earlier = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
         let own = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
-        let out = rewrite(&[&earlier[..], &own[..]].concat(), 5000).unwrap();
-        assert!(out.starts_with(earlier));
+        let both = [&earlier[..], &own[..]].concat();
+        assert_eq!(own_answer_at(&both), Some(earlier.len()));
+        assert_eq!(own_answer_at(own), Some(0));
+        assert!(
+            rewrite(&both, 5000).is_none(),
+            "only an answer alone is rewritten"
+        );
         // A route's own 400 has a body and a type: not ours to touch.
         let route = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: 0\r\n\r\n";
         assert!(rewrite(route, 5000).is_none());

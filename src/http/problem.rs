@@ -71,8 +71,8 @@ pub enum ApiError {
     /// given its body by `own_answers`): 408, the connection is closed.
     #[error("the request head did not arrive within {0} ms")]
     SlowHead(u128),
-    /// A request head that is not HTTP/1.1 (actix's own answer): 400.
-    #[error("the request head is not valid HTTP/1.1")]
+    /// A malformed request head (actix's own answer): 400.
+    #[error("the request head is malformed")]
     MalformedHead,
     /// A request head over actix's limits (actix's own answer): 431.
     #[error("the request head has more than 96 header fields or more than 128 KiB")]

@@ -53,6 +53,10 @@ pub struct Intake {
 
 impl Intake {
     pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
+        db.observe_batches(metrics.write_batches(match db.backend {
+            crate::storage::Backend::Postgres => "postgres",
+            crate::storage::Backend::Sqlite => "sqlite",
+        }));
         Self {
             db,
             retry,

@@ -9,9 +9,9 @@ use super::receipt::CorruptRow;
 use super::{Caller, IdempotencyKey, Intake, Login, Receipt, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::UnknownCommitBranch;
+use crate::storage::StorageError;
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
 use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, Written};
-use crate::storage::{DbConn, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -121,10 +121,9 @@ impl Intake {
         loop {
             attempt += 1;
             let plan = new_plan(login, submission, parts);
-            let mut conn = self.db.conn_within(deadline)?;
-            let written =
-                self.db
-                    .write_plan(&mut conn, &plan, key.as_str(), &caller.token_hash, deadline);
+            let written = self
+                .db
+                .write_plan(&plan, key.as_str(), &caller.token_hash, deadline);
             let failure = match written {
                 Ok(Written::Created(_)) => return Ok(created(&plan, login, submission)),
                 // A committed key row, found by a read: nothing was written.
@@ -149,25 +148,22 @@ impl Intake {
                 attempt,
             };
             if let Some(batch) = failure.batch {
-                drop(conn);
                 return Err(self.batch_failed(batch, &log));
             }
             let error = failure.error;
             match classify(&error, failure.commit_sent, failure.connection_lost) {
                 FailureClass::Conflict => {
-                    let resolved = resolve_conflict(&mut conn, &plan, key, error)?;
-                    drop(conn);
+                    let found = self.db.read(deadline, |conn| {
+                        plans::find_by_key(conn, &plan.maker, key.as_str())
+                    })?;
+                    let resolved = resolve_conflict(found, &plan, error)?;
                     self.db.await_replicated(deadline)?;
                     return Ok(resolved);
                 }
                 FailureClass::Transient(cause) => {
+                    // The write discarded a connection that found the
+                    // server read-only; the pool discards a broken one.
                     let read_only = cause == TransientCause::ReadOnlyNode;
-                    if read_only {
-                        // Only a new connection finds the primary.
-                        crate::storage::discard(&mut conn);
-                    }
-                    // A broken connection goes back and is discarded by the pool.
-                    drop(conn);
                     if read_only && read_only_left > 0 {
                         read_only_left -= 1;
                         attempt -= 1;
@@ -178,7 +174,6 @@ impl Intake {
                     }
                 }
                 FailureClass::UnknownOutcome => {
-                    drop(conn);
                     if let Some(accepted) =
                         self.after_unknown_commit(&log, &plan, error, deadline, reinsert_allowed)?
                     {
@@ -268,7 +263,7 @@ impl Intake {
         tracing::warn!(maker = %login.name, key = key.as_str(), attempt, reason = batch.as_str(), "the shared write batch failed; nothing landed");
         match batch {
             BatchFailure::NotWrittenInTime => {
-                StorageError::DeadlineExceeded("queued for the write lock").into()
+                StorageError::DeadlineExceeded("queued for a write batch").into()
             }
             other => {
                 self.metrics.group_commit_failure(other.as_str());
@@ -362,12 +357,11 @@ fn refused(log: &Attempt<'_>, error: diesel::result::Error) -> SubmitError {
 /// Nothing is answered `already_received` here, since that would leave the
 /// key unbound.
 fn resolve_conflict(
-    conn: &mut DbConn,
+    found: Option<(String, plans::PlanRow)>,
     plan: &NewPlan,
-    key: &IdempotencyKey,
     original: diesel::result::Error,
 ) -> Result<Accepted, SubmitError> {
-    if let Some((request_hash, row)) = plans::find_by_key(conn, &plan.maker, key.as_str())? {
+    if let Some((request_hash, row)) = found {
         return replay_or_refuse(&request_hash, plan, &row.receipt_row());
     }
     Err(original.into())

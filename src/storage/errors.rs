@@ -244,6 +244,63 @@ pub fn is_connection_lost(error: &DieselError, connection_broken: bool) -> bool 
         )
 }
 
+/// A copy of `error` for each of several writers that shared one failed
+/// statement (diesel's errors are not `Clone`): its kind and every field
+/// classification or a log reads, the SQLSTATE mark in the hint included.
+pub fn copy_error(error: &DieselError) -> DieselError {
+    match error {
+        DieselError::DatabaseError(kind, info) => DieselError::DatabaseError(
+            *kind,
+            Box::new(CopiedInfo {
+                message: info.message().to_owned(),
+                details: info.details().map(str::to_owned),
+                hint: info.hint().map(str::to_owned),
+                table_name: info.table_name().map(str::to_owned),
+                column_name: info.column_name().map(str::to_owned),
+                constraint_name: info.constraint_name().map(str::to_owned),
+                statement_position: info.statement_position(),
+            }),
+        ),
+        DieselError::BrokenTransactionManager => DieselError::BrokenTransactionManager,
+        other => DieselError::QueryBuilderError(other.to_string().into()),
+    }
+}
+
+#[derive(Debug)]
+struct CopiedInfo {
+    message: String,
+    details: Option<String>,
+    hint: Option<String>,
+    table_name: Option<String>,
+    column_name: Option<String>,
+    constraint_name: Option<String>,
+    statement_position: Option<i32>,
+}
+
+impl diesel::result::DatabaseErrorInformation for CopiedInfo {
+    fn message(&self) -> &str {
+        &self.message
+    }
+    fn details(&self) -> Option<&str> {
+        self.details.as_deref()
+    }
+    fn hint(&self) -> Option<&str> {
+        self.hint.as_deref()
+    }
+    fn table_name(&self) -> Option<&str> {
+        self.table_name.as_deref()
+    }
+    fn column_name(&self) -> Option<&str> {
+        self.column_name.as_deref()
+    }
+    fn constraint_name(&self) -> Option<&str> {
+        self.constraint_name.as_deref()
+    }
+    fn statement_position(&self) -> Option<i32> {
+        self.statement_position
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

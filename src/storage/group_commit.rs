@@ -28,7 +28,7 @@ use diesel::connection::SimpleConnection;
 use diesel::result::Error as DieselError;
 use diesel::{Connection, SqliteConnection};
 
-use super::errors::is_unique_violation;
+use super::errors::{copy_error, is_unique_violation};
 use super::plans::{
     BatchFailure, NewPlan, WriteFailure, Written, insert_both_rows, resolve_in_transaction,
 };
@@ -56,10 +56,10 @@ pub struct WriteQueue {
     /// The configured busy timeout; a batch waits no longer than this, nor
     /// past the earliest deadline among its writers.
     busy_timeout: Duration,
-    /// Test seam: the next batch's leader panics inside its transaction.
     /// Test seam: the next batch's leader panics mid-transaction.
     #[cfg(feature = "test-seams")]
     panic_next_batch: AtomicBool,
+    batch_sizes: std::sync::OnceLock<prometheus::Histogram>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,7 +74,13 @@ impl WriteQueue {
             busy_timeout,
             #[cfg(feature = "test-seams")]
             panic_next_batch: AtomicBool::new(false),
+            batch_sizes: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where each batch's size is recorded (the service's metrics).
+    pub fn observe_batch_sizes(&self, histogram: prometheus::Histogram) {
+        let _ = self.batch_sizes.set(histogram);
     }
 
     /// Makes the next batch's leader panic mid-transaction (for tests of
@@ -160,6 +166,9 @@ impl WriteQueue {
 
     /// Writes one batch; a panic while writing answers every writer in it.
     fn lead(&self, conn: &mut SqliteConnection, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
+        if let Some(histogram) = self.batch_sizes.get() {
+            histogram.observe(batch.len() as f64);
+        }
         let patience = batch
             .iter()
             .map(|slot| slot.deadline.wait_budget())
@@ -280,19 +289,7 @@ fn write_batch(
     }
 }
 
-/// diesel's errors are not `Clone`; keep what classification reads: the
-/// kind and the server's message.
-fn copy_error(error: &DieselError) -> DieselError {
-    match error {
-        DieselError::DatabaseError(kind, info) => {
-            DieselError::DatabaseError(*kind, Box::new(info.message().to_owned()))
-        }
-        DieselError::BrokenTransactionManager => DieselError::BrokenTransactionManager,
-        other => DieselError::QueryBuilderError(other.to_string().into()),
-    }
-}
-
-fn batch_failed(why: BatchFailure) -> WriteFailure {
+pub(super) fn batch_failed(why: BatchFailure) -> WriteFailure {
     let mut failure = WriteFailure::new(DieselError::QueryBuilderError(why.as_str().into()), false);
     failure.batch = Some(why);
     failure

@@ -10,6 +10,7 @@ pub mod feed;
 mod group_commit;
 pub mod logins;
 pub mod migrations;
+pub mod pg_batch;
 pub mod plans;
 mod pool;
 mod replication;
@@ -31,6 +32,7 @@ use diesel::r2d2::{ManageConnection, R2D2Connection};
 
 use crate::with_conn;
 use group_commit::WriteQueue;
+use pg_batch::PgWriteQueue;
 
 use crate::deadline::Deadline;
 
@@ -44,6 +46,8 @@ pub struct Database {
     waiting: Arc<AtomicI64>,
     /// SQLite only: this process's writers, committed in groups.
     writers: Arc<WriteQueue>,
+    /// Postgres only: this process's writers, written in batches.
+    pg_writers: Arc<PgWriteQueue>,
     /// Wakes readers waiting on the feed.
     feed: FeedSignal,
     /// The service on Postgres: proves a plan it read is on the standby.
@@ -120,6 +124,12 @@ impl Database {
             checkout_timeout: options.checkout_timeout,
             waiting: Arc::default(),
             writers: Arc::new(WriteQueue::new(options.sqlite_busy_timeout)),
+            // Up to half the pool writes batches at once (at most 4): the
+            // rest is left to reads, replays' lookups and the re-reads.
+            pg_writers: Arc::new(PgWriteQueue::new(
+                options.pg_write_batch,
+                (options.max_size as usize / 2).clamp(1, 4),
+            )),
         })
     }
 
@@ -184,36 +194,74 @@ impl Database {
     /// `token_hash` — unless that token no longer names the plan's maker's
     /// active login with `plans:submit` (nothing read or written), or the
     /// key row is already committed, which is answered from a read with
-    /// nothing written. Postgres: one statement on `conn` does it all, the
-    /// login check included. SQLite: the login and the key row are read on
-    /// `conn` (local, no write lock), then the write goes through the
-    /// group-commit queue, which hands the write lock on at once and commits
-    /// many plans with one fsync instead of leaving writers to SQLite's busy
-    /// handler (see `group_commit`).
+    /// nothing written. Postgres: the plan joins a group-commit batch
+    /// (`pg_batch`), written by one statement on a pooled connection, the
+    /// login check included. SQLite: the login and the key row are read on a
+    /// pooled connection (local, no write lock), then the write goes through
+    /// the group-commit queue, which hands the write lock on at once and
+    /// commits many plans with one fsync instead of leaving writers to
+    /// SQLite's busy handler (see `group_commit`). A connection that finds
+    /// the server read-only is discarded, so the next finds the primary.
     pub fn write_plan(
         &self,
-        conn: &mut DbConn,
         plan: &plans::NewPlan,
         idempotency_key: &str,
         token_hash: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        let written = match conn {
-            DbConn::Sqlite(lite) => {
-                self.write_sqlite(lite, plan, idempotency_key, token_hash, deadline)
+        let written = match self.backend {
+            Backend::Postgres => {
+                self.pg_writers
+                    .write(plan, idempotency_key, token_hash, deadline, &|deadline| {
+                        self.conn_within(deadline)
+                    })
             }
-            DbConn::Postgres(pg) => plans::write_postgres(
-                pg,
-                plan,
-                idempotency_key,
-                token_hash,
-                deadline.wait_budget_ms(),
-            ),
+            Backend::Sqlite => match self.conn_within(deadline) {
+                Ok(mut conn) => match &mut *conn {
+                    DbConn::Sqlite(lite) => {
+                        self.write_sqlite(lite, plan, idempotency_key, token_hash, deadline)
+                    }
+                    DbConn::Postgres(_) => Err(group_commit::batch_failed(
+                        plans::BatchFailure::NoConnection,
+                    )),
+                },
+                Err(_) if deadline.passed() => Err(group_commit::batch_failed(
+                    plans::BatchFailure::NotWrittenInTime,
+                )),
+                Err(error) => {
+                    tracing::warn!(%error, "no connection for a write");
+                    Err(group_commit::batch_failed(
+                        plans::BatchFailure::NoConnection,
+                    ))
+                }
+            },
         };
         if let Ok(plans::Written::Created(_)) = written {
             self.feed.bump();
         }
         written
+    }
+
+    /// Where write batches are counted: their sizes (either backend) and,
+    /// on Postgres, batches split into single writes by a failure.
+    pub fn observe_batches(&self, metrics: pg_batch::BatchMetrics) {
+        match self.backend {
+            Backend::Postgres => self.pg_writers.observe(metrics),
+            Backend::Sqlite => self.writers.observe_batch_sizes(metrics.sizes),
+        }
+    }
+
+    /// Test seam: the next Postgres write batch is taken only once `plans`
+    /// writers are queued, so a test can make one batch of them.
+    #[cfg(feature = "test-seams")]
+    pub fn gather_next_batch(&self, plans: usize) {
+        self.pg_writers.gather(plans);
+    }
+
+    /// Test seam: Postgres writers queued, not yet in a batch.
+    #[cfg(feature = "test-seams")]
+    pub fn queued_writes(&self) -> usize {
+        self.pg_writers.queued()
     }
 
     /// SQLite reads before it queues: a stranger or a replay takes no write

@@ -148,7 +148,7 @@ impl WriteFailure {
     }
 }
 
-/// Why a SQLite group-commit batch answered its writers without writing.
+/// Why a group-commit batch answered its writers without writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchFailure {
     /// The writer leading the batch panicked; its transaction was abandoned.
@@ -157,13 +157,16 @@ pub enum BatchFailure {
     CommitFailed,
     /// The request's deadline passed while it was still queued.
     NotWrittenInTime,
+    /// Postgres: no pooled connection freed up for the batch in time.
+    NoConnection,
 }
 
 impl BatchFailure {
-    pub const ALL: [BatchFailure; 3] = [
+    pub const ALL: [BatchFailure; 4] = [
         BatchFailure::LeaderPanicked,
         BatchFailure::CommitFailed,
         BatchFailure::NotWrittenInTime,
+        BatchFailure::NoConnection,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -171,6 +174,7 @@ impl BatchFailure {
             BatchFailure::LeaderPanicked => "leader_panicked",
             BatchFailure::CommitFailed => "commit_failed",
             BatchFailure::NotWrittenInTime => "deadline",
+            BatchFailure::NoConnection => "no_connection",
         }
     }
 }
@@ -244,32 +248,140 @@ pub(super) fn write_postgres(
     .bind::<Integer, _>(i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX))
     .bind::<Text, _>(token_hash)
     .get_result::<WriteRow>(pg)
-    .and_then(|row| match row.outcome.as_str() {
-        "created" => Ok(Written::Created(row.plan)),
-        "key_held" => Ok(Written::KeyHeld {
-            request_hash: row.key_request_hash,
-            plan: row.plan,
-        }),
-        "already_received" => Ok(Written::AlreadyReceived(row.plan)),
-        "unauthorized" => Ok(Written::Unauthorized),
-        other => Err(diesel::result::Error::DeserializationError(
-            format!("plan_intake_write answered an unknown outcome {other:?}").into(),
-        )),
-    })
-    .map_err(|error| {
-        let mut failure = WriteFailure::new(error, true);
-        // The statement commits itself: once sent, its outcome is unknown
-        // if the connection goes. Whether it went is asked of the connection,
-        // only when the error itself does not say (no kind, no SQLSTATE mark).
-        let unexplained = matches!(
-            &failure.error,
-            diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
-        ) && super::errors::marked_sqlstate(&failure.error).is_none();
-        if unexplained {
-            failure.connection_lost = !super::is_alive(pg);
+    .and_then(WriteRow::written)
+    .map_err(|error| statement_failed(pg, error))
+}
+
+/// A failed statement that commits itself: once sent, its outcome is
+/// unknown if the connection goes. Whether it went is asked of the
+/// connection, only when the error itself does not say (no kind, no
+/// SQLSTATE mark).
+fn statement_failed(pg: &mut diesel::PgConnection, error: diesel::result::Error) -> WriteFailure {
+    let mut failure = WriteFailure::new(error, true);
+    let unexplained = matches!(
+        &failure.error,
+        diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::Unknown, _)
+    ) && super::errors::marked_sqlstate(&failure.error).is_none();
+    if unexplained {
+        failure.connection_lost = !super::is_alive(pg);
+    }
+    failure
+}
+
+impl WriteRow {
+    fn written(self) -> QueryResult<Written> {
+        match self.outcome.as_str() {
+            "created" => Ok(Written::Created(self.plan)),
+            "key_held" => Ok(Written::KeyHeld {
+                request_hash: self.key_request_hash,
+                plan: self.plan,
+            }),
+            "already_received" => Ok(Written::AlreadyReceived(self.plan)),
+            "unauthorized" => Ok(Written::Unauthorized),
+            other => Err(diesel::result::Error::DeserializationError(
+                format!("plan_intake_write answered an unknown outcome {other:?}").into(),
+            )),
         }
-        failure
-    })
+    }
+}
+
+/// One plan of a Postgres batch: the plan, its key, the caller's token
+/// hash and how long its locks may wait.
+pub(super) struct BatchEntry<'a> {
+    pub plan: &'a NewPlan,
+    pub idempotency_key: &'a str,
+    pub token_hash: &'a str,
+    pub lock_timeout_ms: u32,
+}
+
+/// One row of the batch statement: the plan's place in the batch and what
+/// `plan_intake_write` did for it.
+#[derive(QueryableByName)]
+struct BatchRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    ord: i64,
+    #[diesel(embed)]
+    row: WriteRow,
+}
+
+/// Postgres group commit: `plan_intake_write` once per plan, in the order
+/// given, inside one statement that commits itself, so the batch costs one
+/// round trip and one commit. Each call runs as it does alone (its own
+/// login check, key read, both-or-neither insert, conflict resolution with
+/// fresh reads, `lock_timeout`), and later plans see earlier ones, so
+/// duplicates inside the batch settle as if sent one after the other. An
+/// error no call resolves itself fails the whole statement (nothing lands);
+/// the caller decides what then. Each call's PL/pgSQL blocks keep at most
+/// two subtransaction ids, so a batch stays under the 64 a backend caches
+/// while it has at most 31 plans (`MAX_PG_BATCH`).
+pub(super) fn write_postgres_batch(
+    pg: &mut diesel::PgConnection,
+    batch: &[BatchEntry<'_>],
+) -> Result<Vec<Written>, WriteFailure> {
+    use diesel::sql_types::{Array, Integer, Text, Timestamp};
+    fn column<'a>(
+        batch: &'a [BatchEntry<'a>],
+        field: fn(&'a BatchEntry<'a>) -> &'a str,
+    ) -> Vec<&'a str> {
+        batch.iter().map(field).collect()
+    }
+    let texts = |field| column(batch, field);
+    let rows = diesel::sql_query(
+        "SELECT b.ord, w.outcome, w.key_request_hash, w.id, w.receipt_id, w.maker, w.run_id,
+                w.content_hash, w.request_hash, w.approved_inputs, w.permissions, w.received_at
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                       $7::text[], $8::text[], $9::timestamp[], $10::text[], $11::int[],
+                       $12::text[])
+                WITH ORDINALITY
+                AS b(receipt_id, maker, run_id, content_hash, request_hash, content,
+                     approved_inputs, permissions, received_at, idempotency_key,
+                     lock_timeout_ms, token_hash, ord)
+          CROSS JOIN LATERAL plan_intake_write(b.receipt_id, b.maker, b.run_id, b.content_hash,
+                     b.request_hash, b.content, b.approved_inputs, b.permissions, b.received_at,
+                     b.idempotency_key, b.lock_timeout_ms, b.token_hash) AS w
+          ORDER BY b.ord",
+    )
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.receipt_id))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.maker))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.run_id))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.content_hash))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.request_hash))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.content))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.approved_inputs))
+    .bind::<Array<Text>, _>(texts(|e| &e.plan.permissions))
+    .bind::<Array<Timestamp>, _>(batch.iter().map(|e| e.plan.received_at).collect::<Vec<_>>())
+    .bind::<Array<Text>, _>(texts(|e| e.idempotency_key))
+    .bind::<Array<Integer>, _>(
+        batch
+            .iter()
+            .map(|e| i32::try_from(e.lock_timeout_ms).unwrap_or(i32::MAX))
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Text>, _>(texts(|e| e.token_hash))
+    .load::<BatchRow>(pg)
+    .map_err(|error| statement_failed(pg, error))?;
+    let answered_in_order = rows.len() == batch.len()
+        && rows
+            .iter()
+            .enumerate()
+            .all(|(at, row)| usize::try_from(row.ord).is_ok_and(|ord| ord == at + 1));
+    if !answered_in_order {
+        return Err(WriteFailure::new(
+            diesel::result::Error::DeserializationError(
+                format!(
+                    "the batch of {} plans answered {} rows out of order",
+                    batch.len(),
+                    rows.len()
+                )
+                .into(),
+            ),
+            true,
+        ));
+    }
+    rows.into_iter()
+        .map(|row| row.row.written())
+        .collect::<QueryResult<Vec<_>>>()
+        .map_err(|error| WriteFailure::new(error, true))
 }
 
 /// SQLite: the plan row, then its key row, inside a transaction (or

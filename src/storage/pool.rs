@@ -199,6 +199,9 @@ pub struct PoolOptions {
     pub feed_listen_url: Option<String>,
     /// What sits between the service and Postgres.
     pub pg_pooler: PgPooler,
+    /// Postgres: the most plans one group-commit batch writes
+    /// (1..=`pg_batch::MAX_PG_BATCH`).
+    pub pg_write_batch: usize,
 }
 
 /// A connection pooler in front of Postgres.
@@ -227,6 +230,7 @@ impl Default for PoolOptions {
             feed_listener: false,
             feed_listen_url: None,
             pg_pooler: PgPooler::None,
+            pg_write_batch: super::pg_batch::DEFAULT_PG_BATCH,
         }
     }
 }

@@ -122,13 +122,7 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
             .expect("open");
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             other
-                .write_plan(
-                    &mut other.conn().expect("conn"),
-                    &competitor,
-                    "k",
-                    &token_hash,
-                    &deadline,
-                )
+                .write_plan(&competitor, "k", &token_hash, &deadline)
                 .expect("the other attempt commits");
         });
         proxy.arm(Fault::CutBeforeCommit, false, Some(hook));

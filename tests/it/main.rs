@@ -18,6 +18,7 @@ mod hostile;
 mod intake;
 mod layers;
 mod operations;
+mod pg_batch;
 mod pooler;
 mod privilege;
 mod processes;
