@@ -115,6 +115,10 @@ pub(crate) struct Decided(pub(crate) Result<Admitted, ApiError>);
 /// This route's path.
 pub(crate) const PATH: &str = "/v1/plans";
 
+/// Bodies up to this size are parsed on the async worker that read them (a
+/// few tens of microseconds); larger ones on a blocking thread, in turn.
+const INLINE_PARSE_BYTES: usize = 16 * 1024;
+
 /// Whether `method` and `path` (as the router sees it) are this route's.
 pub(crate) fn is_submission(method: &actix_web::http::Method, path: &str) -> bool {
     *method == actix_web::http::Method::POST && path == PATH
@@ -202,16 +206,43 @@ async fn submit(
         .parse_turn(bytes.len(), deadline.remaining())
         .await
         .map_err(|()| ApiError::Timeout("no turn to parse a large body in time".into()))?;
-    // Parsed off the async workers, in the same blocking task as the write.
-    // The body's room and the parse turn go with the work: a request
-    // answered 503 at its deadline holds them until its work is done.
-    let accepted = state
-        .blocking(deadline, move |intake| -> Result<_, ApiError> {
-            let (_room, _turn) = (room, turn);
-            let submission = body::parse(&bytes)?;
-            Ok(intake.submit(&caller, &key, &submission, &deadline)?)
-        })
-        .await?;
+    let accepted = if bytes.len() <= INLINE_PARSE_BYTES && state.intake.writes_in_batches() {
+        // A small body is parsed here, and the write awaited on the
+        // writers' queue: no thread hop of this request's own.
+        let (_room, _turn) = (room, turn);
+        let submission = body::parse(&bytes)?;
+        drop(bytes);
+        let first = actix_web::rt::time::timeout(
+            deadline.remaining(),
+            state
+                .intake
+                .submit_queued(&caller, &key, &submission, &deadline),
+        )
+        .await
+        .map_err(|_| ApiError::Timeout("the write batch had not answered".into()))?;
+        match first {
+            Ok(answer) => answer?,
+            Err(first) => {
+                state
+                    .blocking(deadline, move |intake| {
+                        intake.submit_after(&caller, &key, &submission, &deadline, first)
+                    })
+                    .await?
+            }
+        }
+    } else {
+        // Parsed off the async workers, in the same blocking task as the
+        // write. The body's room and the parse turn go with the work: a
+        // request answered 503 at its deadline holds them until its work
+        // is done.
+        state
+            .blocking(deadline, move |intake| -> Result<_, ApiError> {
+                let (_room, _turn) = (room, turn);
+                let submission = body::parse(&bytes)?;
+                Ok(intake.submit(&caller, &key, &submission, &deadline)?)
+            })
+            .await?
+    };
     let receipt = accepted.receipt;
     let response = match accepted.outcome {
         Outcome::Created => HttpResponse::Created()

@@ -181,6 +181,50 @@ impl Intake {
         written
     }
 
+    /// Whether [`Intake::submit_queued`] may be awaited (Postgres: plans
+    /// are written by the writers' batches).
+    pub fn writes_in_batches(&self) -> bool {
+        self.db.writes_in_batches()
+    }
+
+    /// [`Intake::submit`] for an async caller: the write's first attempt is
+    /// awaited on the writers' queue, with no thread of its own. `Err`: an
+    /// outcome that needs blocking work (a retry, a re-read, a wait for the
+    /// standby), to be finished by [`Intake::submit_after`].
+    pub async fn submit_queued(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        deadline: &Deadline,
+    ) -> Result<Result<Accepted, SubmitError>, submit::FirstAttempt> {
+        let parts = hashing::canonicalize(submission);
+        let answer = self
+            .first_attempt(caller, key, submission, &parts, deadline)
+            .await;
+        if matches!(answer, Ok(Err(SubmitError::Unauthorized))) {
+            self.known.forget(&caller.token_hash);
+        }
+        answer
+    }
+
+    /// The rest of a write [`Intake::submit_queued`] began (blocking).
+    pub fn submit_after(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        deadline: &Deadline,
+        first: submit::FirstAttempt,
+    ) -> Result<Accepted, SubmitError> {
+        let parts = hashing::canonicalize(submission);
+        let written = self.write_from(caller, key, submission, &parts, deadline, Some(first));
+        if matches!(written, Err(SubmitError::Unauthorized)) {
+            self.known.forget(&caller.token_hash);
+        }
+        written
+    }
+
     // Reads by id.
 
     /// The receipt `receipt_id`, if `login` may see it.

@@ -11,7 +11,7 @@ use crate::deadline::Deadline;
 use crate::metrics::UnknownCommitBranch;
 use crate::storage::StorageError;
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
-use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, Written};
+use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, WriteFailure, Written};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -99,6 +99,15 @@ impl From<diesel::result::Error> for SubmitError {
     }
 }
 
+/// A write's first attempt, made through the writers' queue by an async
+/// caller, whose outcome needs more than an answer: a retry, a re-read
+/// after an unknown COMMIT, a wait for the standby. [`Intake::submit_after`]
+/// goes on from it on a blocking thread.
+pub struct FirstAttempt {
+    plan: NewPlan,
+    written: Result<Written, WriteFailure>,
+}
+
 impl Intake {
     /// The write itself, attempt after attempt, for [`Intake::submit`].
     pub(super) fn write(
@@ -108,6 +117,50 @@ impl Intake {
         submission: &Submission,
         parts: &CanonicalParts,
         deadline: &Deadline,
+    ) -> Result<Accepted, SubmitError> {
+        self.write_from(caller, key, submission, parts, deadline, None)
+    }
+
+    /// The first attempt, awaited on the writers' queue (Postgres). The
+    /// answer when it is final now (created, unauthorized, and replays
+    /// when nothing waits for a standby), else the attempt to go on from.
+    pub(super) async fn first_attempt(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        parts: &CanonicalParts<'_>,
+        deadline: &Deadline,
+    ) -> Result<Result<Accepted, SubmitError>, FirstAttempt> {
+        let plan = new_plan(&caller.login, submission, parts);
+        let written = self
+            .db
+            .write_plan_async(&plan, key.as_str(), &caller.token_hash, deadline)
+            .await;
+        let answer_now = !self.db.replays_wait_for_standby();
+        match written {
+            Ok(Written::Created(_)) => Ok(Ok(created(&plan, &caller.login, submission))),
+            Ok(Written::Unauthorized) => Ok(Err(SubmitError::Unauthorized)),
+            Ok(Written::KeyHeld {
+                request_hash,
+                plan: row,
+            }) if answer_now => Ok(replay_or_refuse(&request_hash, &plan, &row)),
+            Ok(Written::AlreadyReceived(row)) if answer_now => {
+                Ok(accepted(Outcome::AlreadyReceived, &row))
+            }
+            written => Err(FirstAttempt { plan, written }),
+        }
+    }
+
+    /// The write, attempt after attempt, from `first` when one was made.
+    pub(super) fn write_from(
+        &self,
+        caller: &Caller,
+        key: &IdempotencyKey,
+        submission: &Submission,
+        parts: &CanonicalParts,
+        deadline: &Deadline,
+        mut first: Option<FirstAttempt>,
     ) -> Result<Accepted, SubmitError> {
         let login = &caller.login;
         let mut attempt: u32 = 0;
@@ -120,10 +173,16 @@ impl Intake {
         let mut read_only_left = self.db.max_connections() + 1;
         loop {
             attempt += 1;
-            let plan = new_plan(login, submission, parts);
-            let written = self
-                .db
-                .write_plan(&plan, key.as_str(), &caller.token_hash, deadline);
+            let (plan, written) = match first.take() {
+                Some(FirstAttempt { plan, written }) => (plan, written),
+                None => {
+                    let plan = new_plan(login, submission, parts);
+                    let written =
+                        self.db
+                            .write_plan(&plan, key.as_str(), &caller.token_hash, deadline);
+                    (plan, written)
+                }
+            };
             let failure = match written {
                 Ok(Written::Created(_)) => return Ok(created(&plan, login, submission)),
                 // A committed key row, found by a read: nothing was written.

@@ -116,19 +116,27 @@ impl Database {
                 ),
             }
         }
+        let pool = build_pool(manager, options);
+        let waiting: Arc<AtomicI64> = Arc::default();
+        let connect: pg_batch::Connect = {
+            let (pool, waiting) = (pool.clone(), Arc::clone(&waiting));
+            let timeout = options.checkout_timeout;
+            Box::new(move |deadline| checkout_within(&pool, &waiting, timeout, deadline))
+        };
         Ok(Self {
             feed,
             barrier,
-            pool: build_pool(manager, options),
+            pool,
             backend,
             checkout_timeout: options.checkout_timeout,
-            waiting: Arc::default(),
+            waiting,
             writers: Arc::new(WriteQueue::new(options.sqlite_busy_timeout)),
             // Up to half the pool writes batches at once (at most 4): the
             // rest is left to reads, replays' lookups and the re-reads.
             pg_writers: Arc::new(PgWriteQueue::new(
                 options.pg_write_batch,
                 (options.max_size as usize / 2).clamp(1, 4),
+                connect,
             )),
         })
     }
@@ -141,17 +149,11 @@ impl Database {
 
     /// A pooled connection within the checkout timeout and the deadline.
     pub fn conn_within(&self, deadline: &Deadline) -> Result<PooledConn, StorageError> {
-        if deadline.passed() {
-            return Err(StorageError::DeadlineExceeded("waiting for a connection"));
-        }
-        self.checkout(self.checkout_timeout.min(deadline.wait_budget()))
+        checkout_within(&self.pool, &self.waiting, self.checkout_timeout, deadline)
     }
 
     fn checkout(&self, timeout: std::time::Duration) -> Result<PooledConn, StorageError> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let conn = self.pool.get_timeout(timeout);
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        conn.map_err(|e| StorageError::unavailable("no database connection", e))
+        checkout(&self.pool, &self.waiting, timeout)
     }
 
     /// Runs a read `step` on a pooled connection and hands the connection
@@ -210,12 +212,9 @@ impl Database {
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
         let written = match self.backend {
-            Backend::Postgres => {
-                self.pg_writers
-                    .write(plan, idempotency_key, token_hash, deadline, &|deadline| {
-                        self.conn_within(deadline)
-                    })
-            }
+            Backend::Postgres => self
+                .pg_writers
+                .write(plan, idempotency_key, token_hash, deadline),
             Backend::Sqlite => match self.conn_within(deadline) {
                 Ok(mut conn) => match &mut *conn {
                     DbConn::Sqlite(lite) => {
@@ -240,6 +239,37 @@ impl Database {
             self.feed.bump();
         }
         written
+    }
+
+    /// Whether plans are written by the writer threads' batches (Postgres),
+    /// so an async caller may await [`Database::write_plan_async`].
+    pub fn writes_in_batches(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// [`Database::write_plan`] on Postgres, awaited with no thread of the
+    /// caller's own: the plan joins the writers' queue.
+    pub async fn write_plan_async(
+        &self,
+        plan: &plans::NewPlan,
+        idempotency_key: &str,
+        token_hash: &str,
+        deadline: &Deadline,
+    ) -> Result<plans::Written, plans::WriteFailure> {
+        let written = self
+            .pg_writers
+            .write_async(plan, idempotency_key, token_hash, deadline)
+            .await;
+        if let Ok(plans::Written::Created(_)) = written {
+            self.feed.bump();
+        }
+        written
+    }
+
+    /// Whether answering a plan read back (a replay) waits for a
+    /// synchronous standby now ([`Database::await_replicated`]).
+    pub fn replays_wait_for_standby(&self) -> bool {
+        self.barrier.as_ref().is_some_and(ReplicationBarrier::waits)
     }
 
     /// Where write batches are counted: their sizes (either backend) and,
@@ -425,6 +455,32 @@ where
 pub fn discard(conn: &mut DbConn) {
     use diesel::connection::{AnsiTransactionManager, TransactionManager};
     with_conn!(conn, c => AnsiTransactionManager::transaction_manager_status_mut(c).set_in_error());
+}
+
+/// A pooled connection within `timeout` and the deadline.
+fn checkout_within(
+    pool: &DbPool,
+    waiting: &AtomicI64,
+    timeout: std::time::Duration,
+    deadline: &Deadline,
+) -> Result<PooledConn, StorageError> {
+    if deadline.passed() {
+        return Err(StorageError::DeadlineExceeded("waiting for a connection"));
+    }
+    checkout(pool, waiting, timeout.min(deadline.wait_budget()))
+}
+
+/// A pooled connection within `timeout`, counted among the waiters meanwhile
+/// (r2d2 does not count them).
+fn checkout(
+    pool: &DbPool,
+    waiting: &AtomicI64,
+    timeout: std::time::Duration,
+) -> Result<PooledConn, StorageError> {
+    waiting.fetch_add(1, Ordering::Relaxed);
+    let conn = pool.get_timeout(timeout);
+    waiting.fetch_sub(1, Ordering::Relaxed);
+    conn.map_err(|e| StorageError::unavailable("no database connection", e))
 }
 
 /// Whether a connection still reaches its server, asked after a failure: by

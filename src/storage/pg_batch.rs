@@ -3,11 +3,12 @@
 //! together instead: one statement (`plans::write_postgres_batch`), one
 //! round trip, one commit for the batch, each plan with its own outcome.
 //!
-//! Writers queue here. While fewer than `writers` batches are in flight,
-//! a writer that finds plans queued takes up to `max_batch` of them (its
-//! own among them when it was first) and writes them on a pooled
-//! connection; the others wait for their answers. A lone plan is written at
-//! once, with the single statement, so low load adds no latency.
+//! Requests queue their plans here and wait for the answer, a blocked
+//! thread or an awaiting task (no thread of its own). A few writer threads
+//! each take whatever is queued, up to `max_batch` plans, write them on a
+//! pooled connection and answer each: one thread hop per batch, not per
+//! plan. A lone plan is written at once, with the single statement, so low
+//! load adds no latency; a batch forms only from what queued meanwhile.
 //!
 //! Why this keeps the guarantee:
 //! - each plan is `plan_intake_write` exactly as alone (login check, key
@@ -27,7 +28,10 @@
 //!   re-read, as for a single write;
 //! - a writer whose deadline passes while queued leaves unwritten.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
+use std::time::Duration;
 
 use super::errors::{
     FailureClass, StorageError, TransientCause, classify, copy_error, marked_sqlstate,
@@ -46,31 +50,68 @@ pub const MAX_PG_BATCH: usize = 31;
 /// The default bound: half the subtransaction cache.
 pub const DEFAULT_PG_BATCH: usize = 16;
 
-/// One request's write, and its result once a batch has written it.
+/// How an idle writer thread checks whether its queue is gone.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Gives a batch its connection, waiting no longer than the deadline.
+pub type Connect = Box<dyn Fn(&Deadline) -> Result<PooledConn, StorageError> + Send + Sync>;
+
+/// Where a queued plan's result goes: a blocked thread or an awaiting task.
+enum Reply {
+    Blocking(std::sync::mpsc::SyncSender<WriteResult>),
+    Async(tokio::sync::oneshot::Sender<WriteResult>),
+}
+
+/// One request's write, and where its result goes.
 struct Slot {
     plan: NewPlan,
     key: String,
     token_hash: String,
     deadline: Deadline,
-    result: Mutex<Option<WriteResult>>,
+    reply: Mutex<Option<Reply>>,
+}
+
+impl Slot {
+    /// Hands the result over; a receiver that stopped waiting (its request
+    /// answered 503 at its deadline) is not an error.
+    fn answer(&self, result: WriteResult) {
+        match lock(&self.reply).take() {
+            Some(Reply::Blocking(tx)) => {
+                let _ = tx.try_send(result);
+            }
+            Some(Reply::Async(tx)) => {
+                let _ = tx.send(result);
+            }
+            None => {}
+        }
+    }
 }
 
 #[derive(Default)]
 struct Queue {
-    waiting: Vec<Arc<Slot>>,
-    /// Batches being written now.
-    writing: usize,
+    waiting: VecDeque<Arc<Slot>>,
+    /// The queue's owner is gone: writer threads end.
+    closed: bool,
     /// Test seam: no batch is taken until this many plans are queued.
     #[cfg(feature = "test-seams")]
     gather: usize,
 }
 
-pub struct PgWriteQueue {
+/// What the writer threads share with the queue.
+struct Shared {
     queue: Mutex<Queue>,
-    done: Condvar,
+    /// Writers wait here for plans.
+    arrived: Condvar,
     max_batch: usize,
-    writers: usize,
     metrics: OnceLock<BatchMetrics>,
+    connect: Connect,
+}
+
+/// The queue of plans waiting to be written, and its writer threads.
+pub struct PgWriteQueue {
+    shared: Arc<Shared>,
+    writers: usize,
+    started: Once,
 }
 
 /// Where the queue reports: each batch's size, and each batch a failure
@@ -85,132 +126,208 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PgWriteQueue {
-    /// `max_batch` plans at most per batch (1..=`MAX_PG_BATCH`), at most
-    /// `writers` batches in flight at once.
-    pub fn new(max_batch: usize, writers: usize) -> Self {
+    /// `max_batch` plans at most per batch (1..=`MAX_PG_BATCH`), written by
+    /// `writers` threads (started at the first write), each batch on a
+    /// connection from `connect`.
+    pub fn new(max_batch: usize, writers: usize, connect: Connect) -> Self {
         Self {
-            queue: Mutex::default(),
-            done: Condvar::new(),
-            max_batch: max_batch.clamp(1, MAX_PG_BATCH),
+            shared: Arc::new(Shared {
+                queue: Mutex::default(),
+                arrived: Condvar::new(),
+                max_batch: max_batch.clamp(1, MAX_PG_BATCH),
+                metrics: OnceLock::new(),
+                connect,
+            }),
             writers: writers.max(1),
-            metrics: OnceLock::new(),
+            started: Once::new(),
         }
     }
 
     /// Where batches are counted (the service's metrics).
     pub fn observe(&self, metrics: BatchMetrics) {
-        let _ = self.metrics.set(metrics);
+        let _ = self.shared.metrics.set(metrics);
     }
 
     /// Test seam: the next batch is taken only once `plans` are queued (0:
     /// at once again), so a test can force one batch.
     #[cfg(feature = "test-seams")]
     pub fn gather(&self, plans: usize) {
-        lock(&self.queue).gather = plans;
+        lock(&self.shared.queue).gather = plans;
+        self.shared.arrived.notify_all();
     }
 
-    /// Test seam: how many writers are queued, not yet in a batch.
+    /// Test seam: how many plans are queued, not yet in a batch.
     #[cfg(feature = "test-seams")]
     pub fn queued(&self) -> usize {
-        lock(&self.queue).waiting.len()
-    }
-
-    #[cfg(feature = "test-seams")]
-    fn gathering(queue: &mut Queue) -> bool {
-        if queue.gather == 0 {
-            return false;
-        }
-        let first_ran_out = queue
-            .waiting
-            .first()
-            .is_some_and(|s| s.deadline.nearly_passed());
-        if queue.waiting.len() >= queue.gather || first_ran_out {
-            queue.gather = 0;
-            return false;
-        }
-        true
-    }
-
-    #[cfg(not(feature = "test-seams"))]
-    fn gathering(_queue: &mut Queue) -> bool {
-        false
+        lock(&self.shared.queue).waiting.len()
     }
 
     /// Writes `plan` and its key row for the caller whose token hashes to
-    /// `token_hash`, in a batch with whatever else is queued; `connect`
-    /// gives a batch its connection.
+    /// `token_hash`, in a batch with whatever else is queued; blocks until
+    /// it is written, or leaves the queue unwritten at `deadline`.
     pub fn write(
         &self,
         plan: &NewPlan,
         key: &str,
         token_hash: &str,
         deadline: &Deadline,
-        connect: &dyn Fn(&Deadline) -> Result<PooledConn, StorageError>,
     ) -> WriteResult {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let slot = self.enqueue(plan, key, token_hash, deadline, Reply::Blocking(tx));
+        match rx.recv_timeout(deadline.remaining()) {
+            Ok(result) => result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if self.leave(&slot) {
+                    return Err(batch_failed(BatchFailure::NotWrittenInTime));
+                }
+                // Already in a batch: its answer comes with the batch.
+                rx.recv()
+                    .unwrap_or_else(|_| Err(batch_failed(BatchFailure::LeaderPanicked)))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(batch_failed(BatchFailure::LeaderPanicked))
+            }
+        }
+    }
+
+    /// [`PgWriteQueue::write`] for an async caller: no thread waits for the
+    /// batch. A caller that stops waiting (its deadline) leaves the plan
+    /// queued; a writer drops it unwritten once its deadline has passed.
+    pub async fn write_async(
+        &self,
+        plan: &NewPlan,
+        key: &str,
+        token_hash: &str,
+        deadline: &Deadline,
+    ) -> WriteResult {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.enqueue(plan, key, token_hash, deadline, Reply::Async(tx));
+        rx.await
+            .unwrap_or_else(|_| Err(batch_failed(BatchFailure::LeaderPanicked)))
+    }
+
+    fn enqueue(
+        &self,
+        plan: &NewPlan,
+        key: &str,
+        token_hash: &str,
+        deadline: &Deadline,
+        reply: Reply,
+    ) -> Arc<Slot> {
+        self.started.call_once(|| {
+            for n in 0..self.writers {
+                let shared = Arc::clone(&self.shared);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("plan-intake-writer-{n}"))
+                    .spawn(move || shared.run_writer());
+                if let Err(error) = spawned {
+                    tracing::error!(%error, "cannot start a writer thread");
+                }
+            }
+        });
         let slot = Arc::new(Slot {
             plan: plan.clone(),
             key: key.to_owned(),
             token_hash: token_hash.to_owned(),
             deadline: *deadline,
-            result: Mutex::new(None),
+            reply: Mutex::new(Some(reply)),
         });
-        let mut queue = lock(&self.queue);
-        queue.waiting.push(Arc::clone(&slot));
-        loop {
-            if let Some(result) = lock(&slot.result).take() {
-                return result;
-            }
-            let queued_at = queue.waiting.iter().position(|s| Arc::ptr_eq(s, &slot));
-            if let Some(at) = queued_at
-                && slot.deadline.passed()
-            {
+        lock(&self.shared.queue)
+            .waiting
+            .push_back(Arc::clone(&slot));
+        self.shared.arrived.notify_one();
+        slot
+    }
+
+    /// Takes `slot` out of the queue if no batch has it yet.
+    fn leave(&self, slot: &Arc<Slot>) -> bool {
+        let mut queue = lock(&self.shared.queue);
+        match queue.waiting.iter().position(|s| Arc::ptr_eq(s, slot)) {
+            Some(at) => {
                 queue.waiting.remove(at);
-                return Err(batch_failed(BatchFailure::NotWrittenInTime));
+                true
             }
-            if queue.writing < self.writers
-                && !queue.waiting.is_empty()
-                && !Self::gathering(&mut queue)
-            {
-                queue.writing += 1;
-                let take = queue.waiting.len().min(self.max_batch);
-                let batch = Writing {
-                    queue: self,
-                    batch: queue.waiting.drain(..take).collect(),
-                };
-                drop(queue);
-                let results = self.write_batch(&batch.batch, connect);
-                for (slot, result) in batch.batch.iter().zip(results) {
-                    *lock(&slot.result) = Some(result);
+            None => false,
+        }
+    }
+}
+
+impl Drop for PgWriteQueue {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closed = true;
+        self.shared.arrived.notify_all();
+    }
+}
+
+impl Shared {
+    /// A writer thread: takes whatever is queued (up to the bound) as one
+    /// batch, writes it, answers each plan, and again; ends with its queue.
+    fn run_writer(&self) {
+        loop {
+            let Some(batch) = self.next_batch() else {
+                return;
+            };
+            let written = catch_unwind(AssertUnwindSafe(|| self.write_batch(&batch)));
+            match written {
+                Ok(results) => {
+                    for (slot, result) in batch.iter().zip(results) {
+                        slot.answer(result);
+                    }
                 }
-                drop(batch);
-                queue = lock(&self.queue);
-                continue;
+                Err(_) => {
+                    tracing::error!(
+                        plans = batch.len(),
+                        "a write batch panicked; its plans are answered 503"
+                    );
+                    for slot in &batch {
+                        slot.answer(Err(batch_failed(BatchFailure::LeaderPanicked)));
+                    }
+                }
             }
-            // Woken when a batch ends; a writer still queued wakes at its
-            // deadline to leave.
-            let left = slot
-                .deadline
-                .remaining()
-                .max(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// The next batch: the plans queued first, those whose deadline passed
+    /// answered and left out (looked at whenever a writer wakes, at least
+    /// every `IDLE_CHECK`). `None` once the queue is closed.
+    fn next_batch(&self) -> Option<Vec<Arc<Slot>>> {
+        let mut queue = lock(&self.queue);
+        loop {
+            if queue.closed {
+                return None;
+            }
+            // A plan whose deadline passed while queued is never sent.
+            queue.waiting.retain(|slot| {
+                let late = slot.deadline.passed();
+                if late {
+                    slot.answer(Err(batch_failed(BatchFailure::NotWrittenInTime)));
+                }
+                !late
+            });
+            if !queue.waiting.is_empty() && !gathering(&mut queue) {
+                let take = self.max_batch.min(queue.waiting.len());
+                let batch: Vec<_> = queue.waiting.drain(..take).collect();
+                // More queued than this batch takes: another writer starts.
+                if !queue.waiting.is_empty() {
+                    self.arrived.notify_one();
+                }
+                return Some(batch);
+            }
             queue = self
-                .done
-                .wait_timeout(queue, left)
+                .arrived
+                .wait_timeout(queue, IDLE_CHECK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
     }
 
-    /// Writes one batch on a connection of its own: every writer answered.
-    fn write_batch(
-        &self,
-        batch: &[Arc<Slot>],
-        connect: &dyn Fn(&Deadline) -> Result<PooledConn, StorageError>,
-    ) -> Vec<WriteResult> {
+    /// Writes one batch on a connection of its own: every plan answered.
+    fn write_batch(&self, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
         if let Some(metrics) = self.metrics.get() {
             metrics.sizes.observe(batch.len() as f64);
         }
         // The batch waits for a connection no longer than its most urgent
-        // writer may.
+        // plan may.
         let Some(earliest) = batch
             .iter()
             .map(|s| s.deadline)
@@ -218,7 +335,7 @@ impl PgWriteQueue {
         else {
             return Vec::new();
         };
-        let mut conn = match connect(&earliest) {
+        let mut conn = match (self.connect)(&earliest) {
             Ok(conn) => conn,
             Err(error) => {
                 tracing::warn!(plans = batch.len(), %error, "no connection for a write batch");
@@ -251,6 +368,23 @@ impl PgWriteQueue {
         }
         results
     }
+}
+
+#[cfg(feature = "test-seams")]
+fn gathering(queue: &mut Queue) -> bool {
+    if queue.gather == 0 {
+        return false;
+    }
+    if queue.waiting.len() >= queue.gather {
+        queue.gather = 0;
+        return false;
+    }
+    true
+}
+
+#[cfg(not(feature = "test-seams"))]
+fn gathering(_queue: &mut Queue) -> bool {
+    false
 }
 
 fn write_one(pg: &mut diesel::PgConnection, slot: &Slot) -> WriteResult {
@@ -359,24 +493,4 @@ fn order_preserving_one_by_one(
 fn is_read_only(failure: &WriteFailure) -> bool {
     classify(&failure.error, failure.commit_sent, failure.connection_lost)
         == FailureClass::Transient(TransientCause::ReadOnlyNode)
-}
-
-/// A batch being written. Dropped, even by a panic, it answers every writer
-/// still unanswered and frees its place, so no writer waits forever.
-struct Writing<'a> {
-    queue: &'a PgWriteQueue,
-    batch: Vec<Arc<Slot>>,
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        for slot in &self.batch {
-            let mut result = lock(&slot.result);
-            if result.is_none() {
-                *result = Some(Err(batch_failed(BatchFailure::LeaderPanicked)));
-            }
-        }
-        lock(&self.queue.queue).writing -= 1;
-        self.queue.done.notify_all();
-    }
 }

@@ -104,6 +104,12 @@ impl ReplicationBarrier {
     /// Returns once every commit visible to a read made before this call is
     /// on the synchronous standby: a barrier round begun after the call has
     /// returned. At once when commits do not wait for a standby.
+    /// Whether [`ReplicationBarrier::wait`] waits at all now (commits wait
+    /// for a synchronous standby).
+    pub fn waits(&self) -> bool {
+        self.shared.commits_wait.load(Ordering::Relaxed)
+    }
+
     pub fn wait(&self, deadline: &Deadline) -> Result<(), StorageError> {
         if !self.shared.commits_wait.load(Ordering::Relaxed) {
             return Ok(());
