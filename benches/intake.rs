@@ -1,5 +1,8 @@
 //! `cargo bench --bench intake -- [--backend sqlite|postgres|both]
-//!  [--concurrency N] [--duration SECS]`
+//!  [--concurrency N] [--duration SECS] [--quick]`
+//!
+//! `--quick` runs only the baselines and the write scenarios (new plans at
+//! N, 64 and 256 clients, replays), for iterating on the write path.
 //!
 //! For each backend: a fresh database, the real service (this build's
 //! binary) on a random port, N keep-alive HTTP/1.1 clients through three
@@ -40,6 +43,8 @@ struct Options {
     concurrency: usize,
     duration: Duration,
     postgres_url: String,
+    /// Only the baselines and the write scenarios.
+    quick: bool,
 }
 
 fn options() -> Options {
@@ -49,6 +54,7 @@ fn options() -> Options {
         duration: Duration::from_secs(10),
         postgres_url: std::env::var("PLAN_INTAKE_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        quick: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -71,6 +77,7 @@ fn options() -> Options {
                 options.duration = Duration::from_secs(value.parse().expect("--duration SECS"));
                 i += 1;
             }
+            "--quick" => options.quick = true,
             _ => {} // cargo passes `--bench`
         }
         i += 1;
@@ -198,19 +205,29 @@ fn post(
     body: &str,
     expect: &[u16],
 ) -> bool {
+    post_status(agent, addr, token, key, body).is_some_and(|status| expect.contains(&status))
+}
+
+/// The status of one submission; `None` when no answer came. A 429 or 503
+/// counts only with its `Retry-After`.
+fn post_status(agent: &ureq::Agent, addr: &str, token: &str, key: &str, body: &str) -> Option<u16> {
     let answer = agent
         .post(&format!("http://{addr}/v1/plans"))
         .set("Authorization", &format!("Bearer {token}"))
         .set("Idempotency-Key", key)
         .set("Content-Type", "application/json")
         .send_string(body);
-    match answer {
-        Ok(response) => {
-            let status = response.status();
-            let _ = response.into_string();
-            expect.contains(&status)
+    let (status, retry_after, response) = match answer {
+        Ok(response) => (response.status(), true, response),
+        Err(ureq::Error::Status(status, response)) => {
+            (status, response.header("retry-after").is_some(), response)
         }
-        Err(_) => false,
+        Err(_) => return None,
+    };
+    let _ = response.into_string();
+    match status {
+        429 | 503 if !retry_after => Some(0),
+        status => Some(status),
     }
 }
 
@@ -443,6 +460,31 @@ impl Service {
         Self { child, addr }
     }
 
+    /// Write batches so far and the plans they held, from `/metrics`.
+    fn batches(&self) -> (f64, f64) {
+        let text = ureq::get(&format!("http://{}/metrics", self.addr))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .unwrap_or_default();
+        let total = |series: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(series))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum()
+        };
+        (
+            total("plan_intake_write_batch_plans_count"),
+            total("plan_intake_write_batch_plans_sum"),
+        )
+    }
+
+    /// Plans per write batch since `mark` (what `batches` said then).
+    fn mean_batch_since(&self, mark: (f64, f64)) -> Option<f64> {
+        let now = self.batches();
+        (now.0 > mark.0).then(|| (now.1 - mark.1) / (now.0 - mark.0))
+    }
+
     /// CPU seconds the service has used so far (user + system).
     fn cpu_seconds(&self) -> f64 {
         cpu_seconds_of(&self.child.id().to_string())
@@ -510,6 +552,8 @@ struct Row {
     of_ceiling: Option<f64>,
     /// CPU ms per request: (service, load generator).
     cpu: Option<(f64, f64)>,
+    /// Plans per write batch, on average, while the scenario ran.
+    batch: Option<f64>,
 }
 
 fn main() {
@@ -567,7 +611,7 @@ fn bench_backend(
         (None, None)
     };
     let (diesel_baseline, written) = without_http(&db, options, &token, "first");
-    let push = postgres.then(|| push_on_and_off(url, &db, options, &token));
+    let push = (postgres && !options.quick).then(|| push_on_and_off(url, &db, options, &token));
     let base_rate = naive.as_ref().unwrap_or(&diesel_baseline).rate();
     let ceiling_rate = one_statement.as_ref().map(|run| run.rate());
     if let Some(naive) = naive {
@@ -609,9 +653,44 @@ fn bench_backend(
 
     let service = Service::start(url, pool_size);
     let http = through_http(&service, &token, options);
-    let empty_table_rate = http.scenarios[0].1.rate();
-    for (scenario, run, cpu) in http.scenarios {
+    let empty_table_rate = http.scenarios[0].1.0.rate();
+    for (scenario, (run, cpu, batch)) in http.scenarios {
         table.add(scenario, run, Some(http.rss_mib), Some(cpu));
+        table.batch(batch);
+    }
+    // Many more clients than the pool has connections, spread over 16
+    // logins so that no login's share (16 in flight) turns them away.
+    let tokens: Vec<String> = (0..16)
+        .map(|i| add_login(&db, &format!("bench-many-{i}"), Permission::PlansSubmit))
+        .collect();
+    for clients in [64, 256] {
+        let mark = service.batches();
+        let (run, cpu, refused) = new_plans_from(
+            &service,
+            &tokens,
+            clients,
+            &format!("many{clients}"),
+            &body,
+            options.duration,
+        );
+        println!(
+            "{backend}: {clients} clients: new plans at {:.2} x the {}-client rate; {refused} answers 429 or 503 with Retry-After, {} other answers",
+            run.rate() / empty_table_rate,
+            options.concurrency,
+            run.errors
+        );
+        table.add(
+            &format!("new plans, {clients} clients over 16 logins"),
+            run,
+            Some(service.peak_rss_mib()),
+            Some(cpu),
+        );
+        table.batch(service.mean_batch_since(mark));
+    }
+    if options.quick {
+        drop(service);
+        table.finish(rows, base_rate, ceiling_rate);
+        return;
     }
     for (scenario, run, cpu) in plan_sizes(&service, &token, options) {
         table.add(&scenario, run, Some(service.peak_rss_mib()), Some(cpu));
@@ -665,11 +744,7 @@ fn bench_backend(
         );
     }
     drop(service);
-    for mut row in table.rows {
-        row.ratio = Some(row.run.rate() / base_rate);
-        row.of_ceiling = ceiling_rate.map(|c| row.run.rate() / c);
-        rows.push(row);
-    }
+    table.finish(rows, base_rate, ceiling_rate);
 }
 
 /// One backend's rows, as they are measured.
@@ -688,7 +763,24 @@ impl Table {
             ratio: None,
             of_ceiling: None,
             cpu,
+            batch: None,
         });
+    }
+
+    /// Each row with its ratios to the baselines, onto `rows`.
+    fn finish(self, rows: &mut Vec<Row>, base_rate: f64, ceiling_rate: Option<f64>) {
+        for mut row in self.rows {
+            row.ratio = Some(row.run.rate() / base_rate);
+            row.of_ceiling = ceiling_rate.map(|c| row.run.rate() / c);
+            rows.push(row);
+        }
+    }
+
+    /// The last row's mean write batch size.
+    fn batch(&mut self, mean: Option<f64>) {
+        if let Some(row) = self.rows.last_mut() {
+            row.batch = mean;
+        }
     }
 }
 
@@ -803,33 +895,59 @@ fn new_plans(
     body: &(dyn Fn(&str) -> String + Sync),
     options: &Options,
 ) -> (Run, (f64, f64)) {
+    let tokens = [token.to_owned()];
+    let (mut run, cpu, refused) = new_plans_from(
+        service,
+        &tokens,
+        options.concurrency,
+        tag,
+        body,
+        options.duration,
+    );
+    run.errors += refused;
+    (run, cpu)
+}
+
+/// New plans from `clients` clients, client `c` signed in as
+/// `tokens[c % len]`: the run of 201s (errors: any answer but 201, 429 or
+/// 503 with `Retry-After`), its CPU ms per plan, and how many 429 and 503
+/// answers came.
+fn new_plans_from(
+    service: &Service,
+    tokens: &[String],
+    clients: usize,
+    tag: &str,
+    body: &(dyn Fn(&str) -> String + Sync),
+    duration: Duration,
+) -> (Run, (f64, f64), u64) {
     let mark = (service.cpu_seconds(), cpu_seconds_of("self"));
     let stop = AtomicBool::new(false);
-    let run = thread::scope(|scope| {
+    let (run, refused) = thread::scope(|scope| {
         let started = Instant::now();
-        let clients: Vec<_> = (0..options.concurrency)
+        let clients: Vec<_> = (0..clients)
             .map(|c| {
                 let stop = &stop;
+                let token = &tokens[c % tokens.len()];
                 scope.spawn(move || {
                     let agent = http_client(c);
                     let mut latencies = Vec::new();
-                    let mut errors = 0;
+                    let (mut errors, mut refused) = (0, 0);
                     let mut s = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let key = format!("{tag}-{c}-{s}");
                         let begun = Instant::now();
-                        if post(&agent, &service.addr, token, &key, &body(&key), &[201]) {
-                            latencies.push(begun.elapsed());
-                        } else {
-                            errors += 1;
+                        match post_status(&agent, &service.addr, token, &key, &body(&key)) {
+                            Some(201) => latencies.push(begun.elapsed()),
+                            Some(429 | 503) => refused += 1,
+                            _ => errors += 1,
                         }
                         s += 1;
                     }
-                    (latencies, errors)
+                    (latencies, errors, refused)
                 })
             })
             .collect();
-        thread::sleep(options.duration);
+        thread::sleep(duration);
         stop.store(true, Ordering::Relaxed);
         let mut run = Run {
             latencies: Vec::new(),
@@ -837,20 +955,22 @@ fn new_plans(
             elapsed: Duration::ZERO,
             counted: None,
         };
+        let mut refused = 0;
         for client in clients {
-            let (latencies, errors) = client.join().expect("client");
+            let (latencies, errors, turned_away) = client.join().expect("client");
             run.latencies.extend(latencies);
             run.errors += errors;
+            refused += turned_away;
         }
         run.elapsed = started.elapsed();
-        run
+        (run, refused)
     });
     let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
     let cpu = (
         per(service.cpu_seconds() - mark.0),
         per(cpu_seconds_of("self") - mark.1),
     );
-    (run, cpu)
+    (run, cpu, refused)
 }
 
 /// Readers asking for the first 100 receipts of the feed, 4 at a time.
@@ -1019,10 +1139,16 @@ fn push_on_and_off(url: &str, db: &Database, options: &Options, token: &str) -> 
     (together(on), together(off))
 }
 
+/// A scenario's run, its CPU ms per request (service, load generator) and
+/// its mean write batch size.
+type Measured = (Run, (f64, f64), Option<f64>);
+
 /// The HTTP scenarios against one service, each with its CPU cost per
 /// request (service, load generator), and the service's peak RSS.
 struct HttpRuns {
-    scenarios: Vec<(&'static str, Run, (f64, f64))>,
+    /// Each scenario: its run, CPU ms per request (service, load
+    /// generator), and its mean write batch size.
+    scenarios: Vec<(&'static str, Measured)>,
     rss_mib: f64,
 }
 
@@ -1034,15 +1160,20 @@ fn http_client(_: usize) -> ureq::Agent {
 
 fn through_http(service: &Service, token: &str, options: &Options) -> HttpRuns {
     // CPU milliseconds per request, of the service and of this load generator.
-    let measured = |run: Run, mark: (f64, f64)| {
+    let measured = |run: Run, (mark, batches): ((f64, f64), (f64, f64))| {
         let per = |seconds: f64| seconds * 1000.0 / run.latencies.len().max(1) as f64;
         let cpu = (
             per(service.cpu_seconds() - mark.0),
             per(cpu_seconds_of("self") - mark.1),
         );
-        (run, cpu)
+        (run, cpu, service.mean_batch_since(batches))
     };
-    let cpu_mark = || (service.cpu_seconds(), cpu_seconds_of("self"));
+    let cpu_mark = || {
+        (
+            (service.cpu_seconds(), cpu_seconds_of("self")),
+            service.batches(),
+        )
+    };
     let sender = || (service.addr.clone(), token.to_owned());
 
     let (a, t) = sender();
@@ -1091,9 +1222,9 @@ fn through_http(service: &Service, token: &str, options: &Options) -> HttpRuns {
     let rss_mib = service.peak_rss_mib();
     HttpRuns {
         scenarios: vec![
-            ("new plans", new_plans.0, new_plans.1),
-            ("replays", replays.0, replays.1),
-            ("one contended key", contended.0, contended.1),
+            ("new plans", new_plans),
+            ("replays", replays),
+            ("one contended key", contended),
         ],
         rss_mib,
     }
@@ -1183,9 +1314,9 @@ fn print_report(options: &Options, rows: &[Row], push_rows: &[PushRow]) {
 
 fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
     println!(
-        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | / naive two-row | / one-statement ceiling | CPU ms/request: service, load generator |"
+        "| backend | scenario | requests/s | p50 ms | p99 ms | max ms | errors | service peak RSS MiB | / naive two-row | / one-statement ceiling | CPU ms/request: service, load generator | plans per write batch |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut json_rows = Vec::new();
     for row in rows {
         let (p50, p99, max) = (
@@ -1194,7 +1325,7 @@ fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
             ms(row.run.percentile(1.0)),
         );
         println!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.backend,
             row.scenario,
             row.run.rate(),
@@ -1208,6 +1339,7 @@ fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
             row.cpu.map_or("-".to_owned(), |(service, client)| format!(
                 "{service:.3}, {client:.3}"
             )),
+            cell(row.batch, 1),
         );
         json_rows.push(json!({
             "backend": row.backend,
@@ -1222,6 +1354,7 @@ fn print_throughput(rows: &[Row]) -> Vec<serde_json::Value> {
             "over_one_statement_ceiling": row.of_ceiling,
             "service_cpu_ms_per_request": row.cpu.map(|c| c.0),
             "load_generator_cpu_ms_per_request": row.cpu.map(|c| c.1),
+            "plans_per_write_batch": row.batch,
         }));
     }
     json_rows

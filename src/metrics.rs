@@ -25,6 +25,8 @@ pub struct Metrics {
     feed_wakeups: IntCounter,
     feed_lag: Gauge,
     commit_waits_for_standby: IntGauge,
+    commits_blocked: IntGauge,
+    barrier_waiting: IntGauge,
     strangers: IntCounterVec,
     stranger_lookups: IntCounter,
 }
@@ -228,6 +230,14 @@ impl Metrics {
                 "plan_intake_commit_waits_for_standby",
                 "1 when every acknowledged commit is on a synchronous standby too (Postgres synchronous_standby_names set, synchronous_commit on, remote_write or remote_apply), else 0; as of the last /readyz",
             ),
+            commits_blocked: define.int_gauge(
+                "plan_intake_commits_blocked",
+                "1 when commits wait for a synchronous standby and none is attached (or none is synchronous): no write can complete now; as of the last /readyz",
+            ),
+            barrier_waiting: define.int_gauge(
+                "plan_intake_replication_barrier_waiting",
+                "Answers (replays, reads) waiting for the synchronous standby to confirm what they hand out",
+            ),
             strangers: define.counters(
                 "plan_intake_strangers_total",
                 "Requests with a token no login has shown lately, refused: unauthorized (looked up, unknown) or turned_away (503, the lookups for such tokens used up)",
@@ -278,6 +288,15 @@ impl Metrics {
 
     pub fn set_commit_waits_for_standby(&self, waits: bool) {
         self.commit_waits_for_standby.set(i64::from(waits));
+    }
+
+    pub fn set_commits_blocked(&self, blocked: bool) {
+        self.commits_blocked.set(i64::from(blocked));
+    }
+
+    pub fn set_barrier_waiting(&self, waiting: usize) {
+        self.barrier_waiting
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     pub fn set_feed_lag(&self, seconds: f64) {

@@ -193,6 +193,9 @@ pub struct Ready {
     /// Every acknowledged commit is on a synchronous standby too (always
     /// false on SQLite, which has none)
     commit_waits_for_standby: bool,
+    /// Commits wait for a synchronous standby and none is attached: no
+    /// write can complete now (answered 503, so a load balancer sees it)
+    commits_blocked: bool,
     /// Postgres without a synchronous standby: what a failover may lose
     #[serde(skip_serializing_if = "Option::is_none")]
     warning: Option<String>,
@@ -202,7 +205,7 @@ pub struct Ready {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to take plans", body = Ready),
-        (status = 503, description = "Database unreachable or migrations pending", body = problem::Problem, content_type = "application/problem+json",
+        (status = 503, description = "Database unreachable, migrations pending, or commits blocked (they wait for a synchronous standby and none is attached)", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
 pub async fn readyz(
@@ -217,9 +220,13 @@ pub async fn readyz(
             ApiError::Internal(cause) => ApiError::Unavailable(cause),
             other => other,
         })?;
+    if readiness.commits_blocked {
+        return Err(ApiError::CommitsBlocked);
+    }
     Ok(HttpResponse::Ok().json(Ready {
         status: "ready",
         commit_waits_for_standby: readiness.commit_waits_for_standby,
+        commits_blocked: false,
         warning: readiness.warning,
     }))
 }

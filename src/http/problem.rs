@@ -77,6 +77,12 @@ pub enum ApiError {
     /// A request head over actix's limits (actix's own answer): 431.
     #[error("the request head has more than 96 header fields or more than 128 KiB")]
     HeadTooLarge,
+    /// Commits wait for a synchronous standby and none is attached
+    /// (`/readyz`): 503.
+    #[error(
+        "commits wait for a synchronous standby and none is attached: no write can complete until one is"
+    )]
+    CommitsBlocked,
     /// The cause is logged; the caller is told to retry with the same key.
     #[error("service unavailable")]
     Unavailable(#[source] Cause),
@@ -148,7 +154,8 @@ impl ApiError {
             ApiError::Unavailable(_)
             | ApiError::Timeout(_)
             | ApiError::BodiesInFlight
-            | ApiError::StrangersTurnedAway => "unavailable",
+            | ApiError::StrangersTurnedAway
+            | ApiError::CommitsBlocked => "unavailable",
             ApiError::Throttled(_) => "throttled",
             ApiError::Refused(_) => "refused",
             ApiError::Internal(_) => "error",
@@ -200,6 +207,7 @@ impl ApiError {
                 "Request Header Fields Too Large",
             ),
             ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
+            ApiError::CommitsBlocked => ("commits-blocked", "Service Unavailable"),
             ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
             ApiError::Internal(_) => ("internal", "Internal Server Error"),
         }
@@ -261,7 +269,8 @@ impl ResponseError for ApiError {
             ApiError::Unavailable(_)
             | ApiError::Timeout(_)
             | ApiError::BodiesInFlight
-            | ApiError::StrangersTurnedAway => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::StrangersTurnedAway
+            | ApiError::CommitsBlocked => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::SlowClient(_) | ApiError::SlowHead(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -292,6 +301,7 @@ impl ResponseError for ApiError {
             | ApiError::Timeout(_)
             | ApiError::BodiesInFlight
             | ApiError::StrangersTurnedAway
+            | ApiError::CommitsBlocked
             | ApiError::Throttled(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
             }

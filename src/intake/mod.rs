@@ -330,6 +330,7 @@ impl Intake {
         let readiness = read::readiness_of(&self.db.readiness(deadline)?);
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
+        self.metrics.set_commits_blocked(readiness.commits_blocked);
         Ok(readiness)
     }
 
@@ -338,5 +339,7 @@ impl Intake {
         let pool = self.db.pool.state();
         self.metrics
             .set_pool(pool.connections, pool.idle_connections, self.db.waiters());
+        self.metrics
+            .set_barrier_waiting(self.db.replication_waiters());
     }
 }

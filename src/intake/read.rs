@@ -86,6 +86,7 @@ pub(super) fn readiness_of(durability: &Durability) -> Readiness {
         Durability::Postgres {
             synchronous_standby_names,
             synchronous_commit,
+            ..
         } if !waits => Some(format!(
             "acknowledged commits do not wait for a synchronous standby \
              (synchronous_standby_names = '{synchronous_standby_names}', synchronous_commit = {synchronous_commit}): \
@@ -95,6 +96,7 @@ pub(super) fn readiness_of(durability: &Durability) -> Readiness {
     };
     Readiness {
         commit_waits_for_standby: waits,
+        commits_blocked: durability.commits_blocked(),
         warning,
     }
 }
@@ -104,6 +106,9 @@ pub(super) fn readiness_of(durability: &Durability) -> Readiness {
 pub struct Readiness {
     /// Every acknowledged commit is on a synchronous standby too.
     pub commit_waits_for_standby: bool,
+    /// Commits wait for a synchronous standby and none can confirm them
+    /// now: no write completes until one is attached.
+    pub commits_blocked: bool,
     /// On Postgres when it is not: what a failover may lose, and why.
     pub warning: Option<String>,
 }

@@ -266,6 +266,11 @@ impl Database {
         written
     }
 
+    /// Answers waiting for the replication barrier now.
+    pub fn replication_waiters(&self) -> usize {
+        self.barrier.as_ref().map_or(0, ReplicationBarrier::waiting)
+    }
+
     /// Whether answering a plan read back (a replay) waits for a
     /// synchronous standby now ([`Database::await_replicated`]).
     pub fn replays_wait_for_standby(&self) -> bool {
@@ -401,10 +406,41 @@ pub enum Durability {
     Postgres {
         synchronous_standby_names: String,
         synchronous_commit: String,
+        /// Standbys streaming from this server now (`pg_stat_replication`).
+        standbys: Standbys,
     },
 }
 
+/// The standbys streaming from a Postgres server, as far as this role may
+/// see them (their `sync_state` is hidden from a role without
+/// `pg_read_all_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Standbys {
+    pub attached: i64,
+    /// Of those, how many show their `sync_state` to this role.
+    pub state_visible: i64,
+    /// Of those, how many are synchronous (`sync` or `quorum`).
+    pub synchronous: i64,
+}
+
 impl Durability {
+    /// Commits wait for a synchronous standby and none can confirm them:
+    /// no standby is attached, or (where this role sees their state) none
+    /// is synchronous. No write can complete until one is (PostgreSQL holds
+    /// every COMMIT; Patroni's `synchronous_mode_strict` with the leader
+    /// alone does exactly this).
+    pub fn commits_blocked(&self) -> bool {
+        match self {
+            Self::LocalFile => false,
+            Self::Postgres { standbys, .. } => {
+                self.waits_for_standby()
+                    && (standbys.attached == 0
+                        || (standbys.state_visible == standbys.attached
+                            && standbys.synchronous == 0))
+            }
+        }
+    }
+
     /// A COMMIT returns only once a synchronous standby has the commit
     /// (`remote_write`, `on` or `remote_apply`, with a standby named).
     pub fn waits_for_standby(&self) -> bool {
@@ -413,6 +449,7 @@ impl Durability {
             Self::Postgres {
                 synchronous_standby_names,
                 synchronous_commit,
+                ..
             } => {
                 !synchronous_standby_names.trim().is_empty()
                     && matches!(

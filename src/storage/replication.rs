@@ -104,6 +104,11 @@ impl ReplicationBarrier {
     /// Returns once every commit visible to a read made before this call is
     /// on the synchronous standby: a barrier round begun after the call has
     /// returned. At once when commits do not wait for a standby.
+    /// Callers waiting for a barrier round now.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiting
+    }
+
     /// Whether [`ReplicationBarrier::wait`] waits at all now (commits wait
     /// for a synchronous standby).
     pub fn waits(&self) -> bool {
@@ -208,6 +213,12 @@ struct CommitSettings {
     synchronous_standby_names: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
     synchronous_commit: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    attached: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    state_visible: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    synchronous: i64,
 }
 
 /// The settings that decide whether this session's COMMIT waits for a
@@ -224,12 +235,21 @@ pub(super) fn commit_durability(
     };
     let settings: CommitSettings = diesel::sql_query(format!(
         "SELECT current_setting('synchronous_standby_names') AS synchronous_standby_names, \
-                current_setting('synchronous_commit') AS synchronous_commit{message}"
+                current_setting('synchronous_commit') AS synchronous_commit, \
+                r.attached, r.state_visible, r.synchronous{message} \
+           FROM (SELECT count(*) AS attached, count(sync_state) AS state_visible, \
+                        count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) AS synchronous \
+                   FROM pg_stat_replication) r"
     ))
     .get_result(pg)?;
     Ok(Durability::Postgres {
         synchronous_standby_names: settings.synchronous_standby_names,
         synchronous_commit: settings.synchronous_commit,
+        standbys: super::Standbys {
+            attached: settings.attached,
+            state_visible: settings.state_visible,
+            synchronous: settings.synchronous,
+        },
     })
 }
 

@@ -525,3 +525,50 @@ fn a_failed_barrier_round_is_begun_again_for_its_waiters() {
         );
     }
 }
+
+/// Commits wait for a synchronous standby and the only one is gone (as
+/// under Patroni's `synchronous_mode_strict` with the leader alone): no
+/// write can complete, and the service says so where a load balancer and
+/// an operator look, `/readyz` (503, `commits-blocked`) and the gauge
+/// `plan_intake_commits_blocked`; once the standby is back, ready again.
+#[test]
+fn readyz_tells_when_no_commit_can_complete() {
+    let Some(SyncPair {
+        primary,
+        standby,
+        service,
+        ..
+    }) = sync_pair()
+    else {
+        return;
+    };
+    assert_durability_told(&service, true);
+    let gauge = |value: u8| {
+        let line = format!("plan_intake_commits_blocked {value}");
+        service.metrics_text().lines().any(|l| l == line)
+    };
+    assert!(gauge(0));
+
+    standby
+        .ctl(&["stop", "-m", "fast"])
+        .expect("stop the standby");
+    wait_for(&primary, "SELECT COUNT(*) FROM pg_stat_replication", "0");
+    let (status, problem) = get(&client(), &service.addr, "", "/readyz");
+    assert_eq!(status, 503, "{problem}");
+    assert_eq!(
+        problem["type"], "https://plan-intake.dev/problems/commits-blocked",
+        "{problem}"
+    );
+    assert!(gauge(1), "the gauge after /readyz");
+
+    standby.ctl(&["start"]).expect("start the standby");
+    wait_for(
+        &primary,
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication",
+        "sync",
+    );
+    let (status, ready) = get(&client(), &service.addr, "", "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["commits_blocked"], false, "{ready}");
+    assert!(gauge(0), "the gauge after the standby came back");
+}

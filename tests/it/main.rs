@@ -17,6 +17,7 @@ mod group_commit;
 mod hostile;
 mod intake;
 mod layers;
+mod monitoring;
 mod operations;
 mod pg_batch;
 mod pooler;
