@@ -19,6 +19,7 @@ mod intake;
 mod layers;
 mod monitoring;
 mod operations;
+mod patroni;
 mod pg_batch;
 mod pooler;
 mod privilege;
