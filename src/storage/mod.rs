@@ -131,11 +131,14 @@ impl Database {
             checkout_timeout: options.checkout_timeout,
             waiting,
             writers: Arc::new(WriteQueue::new(options.sqlite_busy_timeout)),
-            // Up to half the pool writes batches at once (at most 4): the
-            // rest is left to reads, replays' lookups and the re-reads.
+            // Two writers (one when the pool has room for no more than
+            // two connections): fewer writers make larger batches, and on
+            // the project's 2-core machine two wrote 1.1x the one-statement
+            // ceiling at 16 clients where four wrote 0.7x (more round
+            // trips, more CPU per plan); docs/PERFORMANCE.md.
             pg_writers: Arc::new(PgWriteQueue::new(
                 options.pg_write_batch,
-                (options.max_size as usize / 2).clamp(1, 4),
+                PG_WRITERS.min((options.max_size as usize / 2).max(1)),
                 connect,
             )),
         })
@@ -493,6 +496,9 @@ pub fn discard(conn: &mut DbConn) {
     use diesel::connection::{AnsiTransactionManager, TransactionManager};
     with_conn!(conn, c => AnsiTransactionManager::transaction_manager_status_mut(c).set_in_error());
 }
+
+/// Writer threads of the Postgres group commit.
+const PG_WRITERS: usize = 2;
 
 /// A pooled connection within `timeout` and the deadline.
 fn checkout_within(
