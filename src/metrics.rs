@@ -228,11 +228,11 @@ impl Metrics {
             ),
             commit_waits_for_standby: define.int_gauge(
                 "plan_intake_commit_waits_for_standby",
-                "1 when every acknowledged commit is on a synchronous standby too (Postgres synchronous_standby_names set, synchronous_commit on, remote_write or remote_apply), else 0; as of the last /readyz",
+                "1 when every acknowledged commit is on a synchronous standby too (Postgres synchronous_standby_names set, synchronous_commit on, remote_write or remote_apply), else 0; refreshed every 5 s and on /readyz",
             ),
             commits_blocked: define.int_gauge(
                 "plan_intake_commits_blocked",
-                "1 when commits wait for a synchronous standby and none is attached (or none is synchronous): no write can complete now; as of the last /readyz",
+                "1 when commits wait for a synchronous standby and none is attached (or none is synchronous): no write can complete now; refreshed every 5 s and on /readyz",
             ),
             barrier_waiting: define.int_gauge(
                 "plan_intake_replication_barrier_waiting",

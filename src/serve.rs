@@ -78,11 +78,32 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
     }
     let state = AppState::new(intake, config.http.clone());
     actix_web::rt::System::new().block_on(async move {
-        let server = server(&config, state)?;
+        let server = server(&config, state.clone())?;
+        actix_web::rt::spawn(keep_readiness_current(state));
         server.await.map_err(ServeError::Server)?;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// How often the readiness gauges (`plan_intake_commit_waits_for_standby`,
+/// `plan_intake_commits_blocked`) are brought up to date when nobody asks
+/// `/readyz`: one short query.
+const READINESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the readiness gauges current, so the alerts on them never read a
+/// stale value; `/readyz` refreshes them too.
+async fn keep_readiness_current(state: AppState) {
+    loop {
+        actix_web::rt::time::sleep(READINESS_EVERY).await;
+        let deadline = Deadline::after(state.http.request_timeout);
+        let refreshed = state
+            .blocking(deadline, move |intake| intake.readiness(&deadline))
+            .await;
+        if let Err(error) = refreshed {
+            tracing::debug!(%error, "readiness not refreshed");
+        }
+    }
 }
 
 /// The HTTP server, bound and started: what actix-web's `HttpServer` would

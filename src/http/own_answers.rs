@@ -240,4 +240,66 @@ mod tests {
             .is_none()
         );
     }
+
+    /// A socket that takes at most 7 bytes a call and is full every other
+    /// call, driven as actix's dispatcher drives its writes.
+    #[test]
+    fn a_slow_socket_gets_every_byte_in_order() {
+        use std::pin::Pin;
+        use std::task::{Context, Poll};
+        use tokio::io::AsyncWrite;
+
+        #[derive(Default)]
+        struct Trickle {
+            out: Vec<u8>,
+            calls: usize,
+        }
+        impl AsyncWrite for Trickle {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                self.calls += 1;
+                if self.calls % 2 == 0 {
+                    return Poll::Pending;
+                }
+                let n = buf.len().min(7);
+                self.out.extend_from_slice(&buf[..n]);
+                Poll::Ready(Ok(n))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        let earlier = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        let own = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let buffer = [&earlier[..], &own[..]].concat();
+        let mut stream = super::ProblemStream::new(Trickle::default(), 5000);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut written = 0;
+        let mut polls = 0;
+        while written < buffer.len() {
+            polls += 1;
+            assert!(polls < 10_000, "no progress");
+            if let Poll::Ready(n) = Pin::new(&mut stream).poll_write(&mut cx, &buffer[written..]) {
+                written += n.expect("written");
+            }
+        }
+        let out = &stream.get_ref().out;
+        assert!(
+            out.starts_with(earlier),
+            "the earlier answer first, untouched"
+        );
+        let expected = rewrite(own, 5000).expect("rewritten");
+        assert_eq!(&out[earlier.len()..], &expected[..]);
+        assert_eq!(body_of(&out[earlier.len()..])["status"], 431);
+    }
 }

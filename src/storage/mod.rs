@@ -123,6 +123,12 @@ impl Database {
             let timeout = options.checkout_timeout;
             Box::new(move |deadline| checkout_within(&pool, &waiting, timeout, deadline))
         };
+        // The writer threads wake the feed's readers after each batch that
+        // created plans, whether or not their requests still wait.
+        let wake_readers: Box<dyn Fn() + Send + Sync> = {
+            let feed = feed.clone();
+            Box::new(move || feed.bump())
+        };
         Ok(Self {
             feed,
             barrier,
@@ -140,6 +146,7 @@ impl Database {
                 options.pg_write_batch,
                 PG_WRITERS.min((options.max_size as usize / 2).max(1)),
                 connect,
+                wake_readers,
             )),
         })
     }
@@ -238,7 +245,9 @@ impl Database {
                 }
             },
         };
-        if let Ok(plans::Written::Created(_)) = written {
+        if self.backend == Backend::Sqlite
+            && let Ok(plans::Written::Created(_)) = written
+        {
             self.feed.bump();
         }
         written
@@ -259,14 +268,9 @@ impl Database {
         token_hash: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        let written = self
-            .pg_writers
+        self.pg_writers
             .write_async(plan, idempotency_key, token_hash, deadline)
-            .await;
-        if let Ok(plans::Written::Created(_)) = written {
-            self.feed.bump();
-        }
-        written
+            .await
     }
 
     /// Answers waiting for the replication barrier now.

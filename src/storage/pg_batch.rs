@@ -33,6 +33,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 use std::time::Duration;
 
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
 use super::errors::{
     FailureClass, StorageError, TransientCause, classify, copy_error, marked_sqlstate,
 };
@@ -52,6 +54,10 @@ pub const DEFAULT_PG_BATCH: usize = 16;
 
 /// How an idle writer thread checks whether its queue is gone.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// A plan with less time left than this is not sent: its locks could wait
+/// a millisecond or two, and one that times out fails its whole batch.
+const TIME_TO_SEND: Duration = Duration::from_millis(20);
 
 /// Gives a batch its connection, waiting no longer than the deadline.
 pub type Connect = Box<dyn Fn(&Deadline) -> Result<PooledConn, StorageError> + Send + Sync>;
@@ -105,6 +111,8 @@ struct Shared {
     max_batch: usize,
     metrics: OnceLock<BatchMetrics>,
     connect: Connect,
+    /// Called after a batch created plans (wakes the feed's readers).
+    created: Box<dyn Fn() + Send + Sync>,
 }
 
 /// The queue of plans waiting to be written, and its writer threads.
@@ -128,8 +136,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl PgWriteQueue {
     /// `max_batch` plans at most per batch (1..=`MAX_PG_BATCH`), written by
     /// `writers` threads (started at the first write), each batch on a
-    /// connection from `connect`.
-    pub fn new(max_batch: usize, writers: usize, connect: Connect) -> Self {
+    /// connection from `connect`; `created` is called after every batch
+    /// that created a plan.
+    pub fn new(
+        max_batch: usize,
+        writers: usize,
+        connect: Connect,
+        created: Box<dyn Fn() + Send + Sync>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 queue: Mutex::default(),
@@ -137,6 +151,7 @@ impl PgWriteQueue {
                 max_batch: max_batch.clamp(1, MAX_PG_BATCH),
                 metrics: OnceLock::new(),
                 connect,
+                created,
             }),
             writers: writers.max(1),
             started: Once::new(),
@@ -180,7 +195,10 @@ impl PgWriteQueue {
                 if self.leave(&slot) {
                     return Err(batch_failed(BatchFailure::NotWrittenInTime));
                 }
-                // Already in a batch: its answer comes with the batch.
+                // Already in a batch: its answer comes with the batch (a
+                // batch that ends without answering drops the slot, and so
+                // the sender, with it).
+                drop(slot);
                 rx.recv()
                     .unwrap_or_else(|_| Err(batch_failed(BatchFailure::LeaderPanicked)))
             }
@@ -270,17 +288,26 @@ impl Shared {
             let written = catch_unwind(AssertUnwindSafe(|| self.write_batch(&batch)));
             match written {
                 Ok(results) => {
+                    // Readers waiting on the feed are woken here, whether or
+                    // not the plans' requests are still waiting.
+                    if results.iter().any(|r| matches!(r, Ok(Written::Created(_)))) {
+                        (self.created)();
+                    }
                     for (slot, result) in batch.iter().zip(results) {
                         slot.answer(result);
                     }
                 }
                 Err(_) => {
+                    // The statement may have committed before the panic:
+                    // each plan is settled by its own re-read.
                     tracing::error!(
                         plans = batch.len(),
-                        "a write batch panicked; its plans are answered 503"
+                        "a write batch panicked; each plan is re-read"
                     );
                     for slot in &batch {
-                        slot.answer(Err(batch_failed(BatchFailure::LeaderPanicked)));
+                        slot.answer(Err(outcome_unknown(DieselError::QueryBuilderError(
+                            "the write batch panicked".into(),
+                        ))));
                     }
                 }
             }
@@ -296,9 +323,10 @@ impl Shared {
             if queue.closed {
                 return None;
             }
-            // A plan whose deadline passed while queued is never sent.
+            // A plan whose deadline passed (or nearly) while queued is
+            // never sent.
             queue.waiting.retain(|slot| {
-                let late = slot.deadline.passed();
+                let late = slot.deadline.remaining() < TIME_TO_SEND;
                 if late {
                     slot.answer(Err(batch_failed(BatchFailure::NotWrittenInTime)));
                 }
@@ -446,6 +474,25 @@ fn write_many(
         Err(failure) => failure,
     };
     let class = classify(&failure.error, failure.commit_sent, failure.connection_lost);
+    // Only an error the server raised proves the statement rolled back;
+    // one after its answer came (rows that cannot be read) may follow a
+    // commit: each plan then settles by its own re-read.
+    let refused_by_server = !failure.connection_lost
+        && matches!(
+            &failure.error,
+            DieselError::DatabaseError(kind, _)
+                if !matches!(
+                    kind,
+                    DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
+                )
+        );
+    if !refused_by_server {
+        tracing::warn!(plans = batch.len(), error = %failure.error, "a write batch's outcome is unknown; each plan is re-read");
+        return batch
+            .iter()
+            .map(|_| Err(outcome_unknown(copy_error(&failure.error))))
+            .collect();
+    }
     let shared = matches!(
         class,
         FailureClass::UnknownOutcome
@@ -488,6 +535,14 @@ fn order_preserving_one_by_one(
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(batch_failed(BatchFailure::NoConnection))))
         .collect()
+}
+
+/// A failure whose statement may have committed: classified as an unknown
+/// outcome, so the request settles it by its whole-row re-read.
+fn outcome_unknown(error: DieselError) -> WriteFailure {
+    let mut failure = WriteFailure::new(error, true);
+    failure.connection_lost = true;
+    failure
 }
 
 fn is_read_only(failure: &WriteFailure) -> bool {

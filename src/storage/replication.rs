@@ -101,9 +101,6 @@ impl ReplicationBarrier {
             .store(durability.waits_for_standby(), Ordering::Relaxed);
     }
 
-    /// Returns once every commit visible to a read made before this call is
-    /// on the synchronous standby: a barrier round begun after the call has
-    /// returned. At once when commits do not wait for a standby.
     /// Callers waiting for a barrier round now.
     pub fn waiting(&self) -> usize {
         self.shared.lock().waiting
@@ -115,6 +112,9 @@ impl ReplicationBarrier {
         self.shared.commits_wait.load(Ordering::Relaxed)
     }
 
+    /// Returns once every commit visible to a read made before this call is
+    /// on the synchronous standby: a barrier round begun after the call has
+    /// returned. At once when commits do not wait for a standby.
     pub fn wait(&self, deadline: &Deadline) -> Result<(), StorageError> {
         if !self.shared.commits_wait.load(Ordering::Relaxed) {
             return Ok(());

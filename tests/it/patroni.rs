@@ -358,6 +358,21 @@ fn behind_patroni_a_killed_leader_and_a_switchover_lose_nothing() {
             .execute(&mut admin)
             .expect("create the database");
     }
+    // On the standby too before anyone connects (a synchronous commit is
+    // flushed there, not yet replayed; libpq may try the standby first).
+    for node in NODES {
+        let started = Instant::now();
+        while {
+            use diesel::Connection;
+            diesel::PgConnection::establish(&cluster.node_url(node, "intake")).is_err()
+        } {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the database never reached {node}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     let url = cluster.url("intake");
     let migrated = run_cli_at(&url, &["migrate", "run"]);
     assert!(

@@ -332,3 +332,40 @@ async fn a_writer_queued_past_its_deadline_is_not_written() {
     app.assert_rows(1, 1);
     assert_eq!(batch_of(&app), (1, 1.0), "only the next plan was sent");
 }
+
+/// The 16-key race inside one batch: sixteen keys for one new plan, all
+/// queued together. One is created; every other key is bound to that plan
+/// (already_received), and afterwards each key replays its own request.
+#[actix_web::test]
+async fn sixteen_keys_for_one_plan_in_one_batch() {
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    let app = TestApp::new(db);
+    let token = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let body = plan_body("run-1", "x");
+    let keys: Vec<String> = (0..16).map(|i| format!("race-{i}")).collect();
+    app.intake.db.gather_next_batch(keys.len());
+    let answers = join_all(
+        keys.iter()
+            .map(|k| send(&service, post_plan(&token, k, &body))),
+    )
+    .await;
+    assert_eq!(batch_of(&app), (1, 16.0), "{:?}", statuses(&answers));
+    let created: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(created.len(), 1, "{:?}", statuses(&answers));
+    for answer in &answers {
+        assert!(answer.status.is_success(), "{:?}", answer.body);
+        assert_eq!(answer.body["receipt_id"], created[0].body["receipt_id"]);
+    }
+    app.assert_rows(1, 16);
+    for key in &keys {
+        let again = send(&service, post_plan(&token, key, &body)).await;
+        assert_eq!(again.body["outcome"], "replayed", "{key}: {:?}", again.body);
+    }
+    app.assert_rows(1, 16);
+}

@@ -207,6 +207,11 @@ pub fn post_plan(
         Err(e) => return Err(e.to_string()),
     };
     let status = response.status();
+    // Every 503 tells the caller when to retry.
+    assert!(
+        status != 503 || response.header("retry-after").is_some(),
+        "a 503 without Retry-After"
+    );
     let text = response.into_string().map_err(|e| e.to_string())?;
     let body = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
     Ok((status, body))
