@@ -261,7 +261,7 @@ mod tests {
                 buf: &[u8],
             ) -> Poll<std::io::Result<usize>> {
                 self.calls += 1;
-                if self.calls % 2 == 0 {
+                if self.calls.is_multiple_of(2) {
                     return Poll::Pending;
                 }
                 let n = buf.len().min(7);
