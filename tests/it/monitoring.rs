@@ -208,11 +208,13 @@ fn prometheus_finds_every_series_the_alerts_and_dashboard_name() {
     let url = scratch.url.clone();
     let app = TestApp::new(scratch);
     let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("orders", &[Permission::ReceiptsRead]);
     let server = ServeProcess::start(&url);
     let prometheus = Prometheus::start(binary, &server.addr);
     prometheus.wait_for(r#"up{job="plan-intake"} == 1"#, Duration::from_secs(60));
 
-    // A little load over a few scrapes: new plans, replays, a stranger.
+    // A little load over a few scrapes: new plans, replays, feed pages, a
+    // stranger.
     let agent = client();
     for round in 0..5 {
         for i in 0..10 {
@@ -226,6 +228,9 @@ fn prometheus_finds_every_series_the_alerts_and_dashboard_name() {
                     .expect("an answer");
             assert_eq!(status, 200);
         }
+        let (status, _) =
+            crate::support::process::get(&agent, &server.addr, &reader, "/v1/receipts?limit=10");
+        assert_eq!(status, 200);
         let (status, _) =
             post_plan(&agent, &server.addr, "pit_stranger", "k", "{}").expect("an answer");
         assert_eq!(status, 401);
