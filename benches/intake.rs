@@ -687,6 +687,25 @@ fn bench_backend(
         );
         table.batch(service.mean_batch_since(mark));
     }
+    // A planner on 8 clients alone, then beside strangers with random
+    // tokens at a fixed rate: what the strangers cost it.
+    let (alone, among, strangers) = beside_strangers(&service, &token, options.duration);
+    println!(
+        "{backend}: strangers: the planner's p99 {:.2} ms alone, {:.2} ms among {STRANGERS_PER_SECOND} strangers a second ({:.2}x); {} strangers sent, answered {:?}",
+        ms(alone.percentile(0.99)).unwrap_or(f64::NAN),
+        ms(among.percentile(0.99)).unwrap_or(f64::NAN),
+        ms(among.percentile(0.99)).unwrap_or(f64::NAN)
+            / ms(alone.percentile(0.99)).unwrap_or(f64::NAN),
+        strangers.values().sum::<u64>(),
+        strangers,
+    );
+    table.add("new plans, 8 clients, alone", alone, None, None);
+    table.add(
+        &format!("new plans, 8 clients, among {STRANGERS_PER_SECOND} strangers a second"),
+        among,
+        None,
+        None,
+    );
     if options.quick {
         drop(service);
         table.finish(rows, base_rate, ceiling_rate);
@@ -1150,6 +1169,64 @@ struct HttpRuns {
     /// generator), and its mean write batch size.
     scenarios: Vec<(&'static str, Measured)>,
     rss_mib: f64,
+}
+
+/// Requests a second with tokens no login has, in the strangers scenario.
+const STRANGERS_PER_SECOND: u64 = 2_000;
+/// Connections the strangers come over.
+const STRANGER_CONNECTIONS: u64 = 64;
+
+/// New plans from one planner on 8 clients for `duration` alone, then as
+/// long again while strangers (well-formed random tokens) post at
+/// `STRANGERS_PER_SECOND`, paced so the load is the same whatever the
+/// service does; both runs, and how the strangers were answered.
+fn beside_strangers(
+    service: &Service,
+    token: &str,
+    duration: Duration,
+) -> (Run, Run, std::collections::BTreeMap<u16, u64>) {
+    let tokens = [token.to_owned()];
+    let (alone, _, _) = new_plans_from(service, &tokens, 8, "alone", &body, duration);
+    let stop = AtomicBool::new(false);
+    let (among, answers) = thread::scope(|scope| {
+        let senders: Vec<_> = (0..STRANGER_CONNECTIONS)
+            .map(|c| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    let agent = http_client(0);
+                    let every = Duration::from_secs_f64(
+                        STRANGER_CONNECTIONS as f64 / STRANGERS_PER_SECOND as f64,
+                    );
+                    let mut answers = std::collections::BTreeMap::new();
+                    let mut next = Instant::now();
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let token = format!("pit_{:032x}", rand::random::<u128>());
+                        let key = format!("stranger-{c}-{i}");
+                        let status = post_status(&agent, &service.addr, &token, &key, &body(&key))
+                            .unwrap_or(0);
+                        *answers.entry(status).or_insert(0u64) += 1;
+                        i += 1;
+                        next += every;
+                        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                            thread::sleep(wait);
+                        }
+                    }
+                    answers
+                })
+            })
+            .collect();
+        let (among, _, _) = new_plans_from(service, &tokens, 8, "among", &body, duration);
+        stop.store(true, Ordering::Relaxed);
+        let mut answers = std::collections::BTreeMap::new();
+        for sender in senders {
+            for (status, n) in sender.join().expect("a stranger") {
+                *answers.entry(status).or_insert(0) += n;
+            }
+        }
+        (among, answers)
+    });
+    (alone, among, answers)
 }
 
 fn http_client(_: usize) -> ureq::Agent {

@@ -120,6 +120,9 @@ pub struct PgWriteQueue {
     shared: Arc<Shared>,
     writers: usize,
     started: Once,
+    /// The writer threads, joined when the queue goes: their pool
+    /// connections are then closed properly before the process ends.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 /// Where the queue reports: each batch's size, and each batch a failure
@@ -155,6 +158,7 @@ impl PgWriteQueue {
             }),
             writers: writers.max(1),
             started: Once::new(),
+            threads: Mutex::default(),
         }
     }
 
@@ -238,8 +242,9 @@ impl PgWriteQueue {
                 let spawned = std::thread::Builder::new()
                     .name(format!("plan-intake-writer-{n}"))
                     .spawn(move || shared.run_writer());
-                if let Err(error) = spawned {
-                    tracing::error!(%error, "cannot start a writer thread");
+                match spawned {
+                    Ok(thread) => lock(&self.threads).push(thread),
+                    Err(error) => tracing::error!(%error, "cannot start a writer thread"),
                 }
             }
         });
@@ -274,6 +279,10 @@ impl Drop for PgWriteQueue {
     fn drop(&mut self) {
         lock(&self.shared.queue).closed = true;
         self.shared.arrived.notify_all();
+        // An idle writer ends at once; one writing ends with its batch.
+        for thread in std::mem::take(&mut *lock(&self.threads)) {
+            let _ = thread.join();
+        }
     }
 }
 

@@ -150,7 +150,12 @@ fn two_concurrent_migrate_runs_apply_each_migration_once(db: TestDb) {
 fn verify_passes_and_names_a_renamed_index(db: TestDb) {
     assert!(succeeded(&plan_intake(&db, &["migrate", "run"])));
     let out = plan_intake(&db, &["verify"]);
-    assert!(succeeded(&out));
+    assert!(
+        succeeded(&out),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(report.lines().count(), 6, "{report}");
     assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
