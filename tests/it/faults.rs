@@ -23,6 +23,15 @@ const PLANNER: &[Permission] = &[Permission::PlansSubmit];
 /// A Postgres scratch database whose service connections pass through a
 /// fault proxy; `checkout_timeout` is short so a refused re-read fails fast.
 fn behind_proxy() -> Option<(TestApp, FaultProxy, String)> {
+    behind_proxy_with(PoolOptions {
+        max_size: 4,
+        checkout_timeout: Duration::from_millis(300),
+        ..PoolOptions::default()
+    })
+}
+
+/// [`behind_proxy`] with the service's pool as given.
+pub(crate) fn behind_proxy_with(pool: PoolOptions) -> Option<(TestApp, FaultProxy, String)> {
     let scratch = TestDb::postgres()?;
     let upstream = upstream_of(&scratch.url);
     let proxy = FaultProxy::start(upstream.clone());
@@ -30,11 +39,7 @@ fn behind_proxy() -> Option<(TestApp, FaultProxy, String)> {
     let url = proxy.url_for(&scratch.postgres_url_with(&[]), &upstream);
     let options = AppOptions {
         url: Some(url),
-        pool: PoolOptions {
-            max_size: 4,
-            checkout_timeout: Duration::from_millis(300),
-            ..PoolOptions::default()
-        },
+        pool,
         ..AppOptions::default()
     };
     Some((TestApp::with(scratch, options), proxy, direct_url))

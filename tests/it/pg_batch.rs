@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 use plan_intake::intake::Permission;
 use plan_intake::storage::MigrateOnOpen;
 
-use crate::support::proxy::{Fault, FaultProxy, upstream_of};
+use crate::support::proxy::Fault;
 use crate::support::{
     Answer, AppOptions, TestApp, TestDb, execute_batch, get, instance, plan_body, post_plan, send,
     wait_until,
@@ -252,19 +252,10 @@ async fn two_instances_batches_over_the_same_keys_do_not_deadlock() {
 #[actix_web::test]
 async fn a_connection_cut_during_a_batch_settles_every_plan_once() {
     for fault in [Fault::CutAfterCommit, Fault::CutBeforeCommit] {
-        let Some(scratch) = TestDb::postgres() else {
+        let Some((app, proxy, _)) = crate::faults::behind_proxy_with(AppOptions::default().pool)
+        else {
             return;
         };
-        let upstream = upstream_of(&scratch.url);
-        let proxy = FaultProxy::start(upstream.clone());
-        let url = proxy.url_for(&scratch.postgres_url_with(&[]), &upstream);
-        let app = TestApp::with(
-            scratch,
-            AppOptions {
-                url: Some(url),
-                ..AppOptions::default()
-            },
-        );
         let token = app.login("planner-a", PLANNER);
         let service = app.service().await;
         proxy.arm(fault, false, None);
