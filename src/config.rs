@@ -65,4 +65,12 @@ pub struct ServeConfig {
     pub shutdown_timeout_secs: u64,
     /// HTTP worker threads; `None`: one per CPU.
     pub workers: Option<usize>,
+    /// Keys loaded at start: the first signs new receipts and checkpoints,
+    /// the rest stay published (rotation). Empty: nothing is signed.
+    pub signing_keys: Vec<std::sync::Arc<crate::intake::signing::SigningKey>>,
+    /// The first line of every checkpoint of the receipt log.
+    pub log_origin: String,
 }
+
+/// The receipt log's origin when none is given.
+pub const DEFAULT_LOG_ORIGIN: &str = "plan-intake";

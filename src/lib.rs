@@ -5,6 +5,7 @@
 pub mod client;
 pub mod config;
 pub mod deadline;
+pub mod evidence;
 pub mod http;
 pub mod intake;
 pub mod metrics;

@@ -19,6 +19,7 @@ use plan_intake::config::{
 use plan_intake::intake::login::{self as logins, LoginError};
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
+use plan_intake::evidence;
 use plan_intake::serve::{self, ServeError};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,
@@ -126,6 +127,38 @@ enum Command {
         /// On SIGTERM or Ctrl-C, seconds to let requests in flight finish
         #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
         shutdown_timeout_secs: u64,
+        /// A signing key file (as `signing-keys generate` writes it): receipts are signed and logged. Repeat for a rotation: the first signs, the others stay published
+        #[arg(long = "signing-key", value_name = "PATH")]
+        signing_key: Vec<PathBuf>,
+        /// The name of an environment variable holding a signing key (instead of a file; signs before any --signing-key)
+        #[arg(long, value_name = "VAR")]
+        signing_key_env: Option<String>,
+        /// The receipt log's origin: the first line of every checkpoint it signs
+        #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", default_value = plan_intake::config::DEFAULT_LOG_ORIGIN)]
+        log_origin: String,
+    },
+    /// Signing keys for receipts and the receipt log
+    #[command(name = "signing-keys", arg_required_else_help = true)]
+    SigningKeys {
+        #[command(subcommand)]
+        action: SigningKeysAction,
+    },
+    /// Check receipts offline, with no service or database
+    #[command(arg_required_else_help = true)]
+    Receipts {
+        #[command(subcommand)]
+        action: ReceiptsAction,
+    },
+    /// Recompute the receipt log from the tables and hold it against every signed checkpoint; one line per finding, exit 65 if any
+    Audit {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// The keys to trust: what `GET /v1/signing-keys` answered, or verifier keys one per line
+        #[arg(long, value_name = "KEYS")]
+        keys: PathBuf,
+        /// A checkpoint kept outside the database (`GET /v1/checkpoint`), held against the log too; repeatable
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Vec<PathBuf>,
     },
     /// Apply or inspect migrations
     #[command(arg_required_else_help = true)]
@@ -303,6 +336,34 @@ enum LoginsAction {
     },
 }
 
+#[derive(Subcommand)]
+enum SigningKeysAction {
+    /// Write a new Ed25519 key pair: PATH (private, mode 0600) and PATH.pub (its C2SP signed-note verifier key)
+    Generate {
+        /// Where the private key goes; never overwritten
+        #[arg(long, value_name = "PATH")]
+        out: PathBuf,
+        /// The key's name, shown in signatures (no spaces or `+`)
+        #[arg(long, default_value = "plan-intake")]
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReceiptsAction {
+    /// Check a receipt's signature and, with --proof, its inclusion in a signed checkpoint; exit 0, or 65 with the reason
+    Verify {
+        /// The receipt as the service answered it (or a plan read with its receipt)
+        file: PathBuf,
+        /// The keys to trust: what `GET /v1/signing-keys` answered, or verifier keys one per line
+        #[arg(long, value_name = "KEYS")]
+        keys: PathBuf,
+        /// The receipt's proof, as `GET /v1/receipts/{id}/proof` answered it
+        #[arg(long, value_name = "PROOF")]
+        proof: Option<PathBuf>,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -363,6 +424,8 @@ enum CommandError {
     Submit(#[from] SubmitError),
     #[error(transparent)]
     Follow(#[from] FollowError),
+    #[error(transparent)]
+    Evidence(#[from] evidence::EvidenceError),
     /// A command line that parsed but cannot run: exit 2, like clap's own.
     #[error("{0}")]
     Usage(String),
@@ -376,6 +439,7 @@ impl CommandError {
         match self {
             Self::Submit(e) => e.exit_code(),
             Self::Follow(e) => e.exit_code(),
+            Self::Evidence(e) => e.exit,
             Self::Usage(_) => 2,
             Self::Output(_)
             | Self::Login(LoginError::NotHandedOver(_))
@@ -477,7 +541,16 @@ fn run(command: Command) -> Result<(), CommandError> {
             feed_page_bytes,
             pg_write_batch,
             client_timeout_ms,
+            signing_key,
+            signing_key_env,
+            log_origin,
         } => Ok(serve::run(ServeConfig {
+            signing_keys: signing_key_env
+                .iter()
+                .map(|name| evidence::load_key_env(name))
+                .chain(signing_key.iter().map(|path| evidence::load_key_file(path)))
+                .collect::<Result<_, _>>()?,
+            log_origin,
             bind,
             database_url: db.database_url,
             pool: PoolOptions {
@@ -576,6 +649,36 @@ fn run(command: Command) -> Result<(), CommandError> {
         Command::Migrate { db, action } => migrate(&db, action),
         Command::Logins { db, action } => manage_logins(&db, action),
         Command::Keys { db, action } => manage_keys(&db, action),
+        Command::SigningKeys {
+            action: SigningKeysAction::Generate { out, name },
+        } => {
+            say!("{}", evidence::generate(&out, &name)?);
+            Ok(())
+        }
+        Command::Receipts {
+            action: ReceiptsAction::Verify { file, keys, proof },
+        } => {
+            say!("{}", evidence::verify(&file, &keys, proof.as_deref())?);
+            Ok(())
+        }
+        Command::Audit {
+            db,
+            keys,
+            checkpoint,
+        } => match evidence::audit(&db.database_url, &keys, &checkpoint) {
+            Ok(lines) => {
+                for line in lines {
+                    say!("{line}");
+                }
+                Ok(())
+            }
+            Err((lines, error)) => {
+                for line in lines {
+                    say!("{line}");
+                }
+                Err(error.into())
+            }
+        },
         Command::Verify { db } => match verify::run(&db.database_url)? {
             0 => Ok(()),
             failed => Err(CommandError::ChecksFailed(failed)),

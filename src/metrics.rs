@@ -29,6 +29,8 @@ pub struct Metrics {
     barrier_waiting: IntGauge,
     strangers: IntCounterVec,
     stranger_lookups: IntCounter,
+    receipt_log_leaves: IntGauge,
+    receipt_log_rounds_failed: IntCounter,
 }
 
 /// How a request with a token no login has shown lately was answered:
@@ -244,6 +246,14 @@ impl Metrics {
                 "answer",
                 &STRANGER_ANSWERS,
             ),
+            receipt_log_leaves: define.int_gauge(
+                "plan_intake_receipt_log_leaves",
+                "Receipts under the newest checkpoint this instance signed (0 until it signs one; another instance may be appending)",
+            ),
+            receipt_log_rounds_failed: define.counter(
+                "plan_intake_receipt_log_rounds_failed_total",
+                "Append rounds of the receipt log that wrote nothing because of an error (logged); an inconsistent tree fails every round",
+            ),
             stranger_lookups: define.counter(
                 "plan_intake_stranger_lookups_total",
                 "Database lookups of tokens no login has shown lately (bounded per second)",
@@ -288,6 +298,15 @@ impl Metrics {
 
     pub fn set_commit_waits_for_standby(&self, waits: bool) {
         self.commit_waits_for_standby.set(i64::from(waits));
+    }
+
+    pub fn set_receipt_log_size(&self, leaves: u64) {
+        self.receipt_log_leaves
+            .set(i64::try_from(leaves).unwrap_or(i64::MAX));
+    }
+
+    pub fn receipt_log_round_failed(&self) {
+        self.receipt_log_rounds_failed.inc();
     }
 
     pub fn set_commits_blocked(&self, blocked: bool) {

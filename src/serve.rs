@@ -57,7 +57,27 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
         bind = %config.bind,
         "plan-intake starting"
     );
-    let intake = Intake::new(db, config.retry.clone(), Metrics::new());
+    let mut intake = Intake::new(db, config.retry.clone(), Metrics::new());
+    let at_start_deadline = Deadline::after(config.http.request_timeout);
+    match config.signing_keys.split_first() {
+        Some((signer, others)) => {
+            intake = intake.signing_with(signer.clone());
+            tracing::info!(
+                key = signer.key_id(),
+                origin = %config.log_origin,
+                "receipts are signed, and appended to the receipt log"
+            );
+            for key in others {
+                if let Err(error) = intake.publish_key(key, &at_start_deadline) {
+                    tracing::warn!(%error, key = key.key_id(), "cannot publish this key yet");
+                }
+            }
+            keep_receipt_log_appended(intake.clone(), config.log_origin.clone());
+        }
+        None => tracing::warn!(
+            "receipts are not signed and no receipt log is kept: start with --signing-key PATH (`plan-intake signing-keys generate --out PATH` makes one)"
+        ),
+    }
     // Said once at start, where an operator looks; `/readyz` and the gauge
     // keep saying it.
     match intake.readiness(&Deadline::after(config.http.request_timeout)) {
@@ -103,6 +123,56 @@ async fn keep_readiness_current(state: AppState) {
         if let Err(error) = refreshed {
             tracing::debug!(%error, "readiness not refreshed");
         }
+    }
+}
+
+/// How often the receipt log takes in what the feed settled since.
+const APPEND_EVERY: Duration = Duration::from_secs(1);
+/// The most receipts one append round (one transaction) takes.
+const APPEND_LIMIT: i64 = 5_000;
+/// How often this instance's key is recorded as in use.
+const KEY_USE_EVERY: Duration = Duration::from_secs(60);
+
+/// Appends settled receipts to the log every second (at once again while
+/// it is behind), on a thread of its own: one round is one transaction, so
+/// the process may stop anywhere. Instances take turns (the state row's
+/// lock); a round that fails is logged and tried again.
+fn keep_receipt_log_appended(intake: Intake, origin: String) {
+    let appender = move || {
+        let mut signed = None;
+        let mut key_used: Option<std::time::Instant> = None;
+        loop {
+            if key_used.is_none_or(|at| at.elapsed() >= KEY_USE_EVERY) {
+                match intake.record_key_use(&Deadline::after(Duration::from_secs(10))) {
+                    Ok(()) => key_used = Some(std::time::Instant::now()),
+                    Err(error) => tracing::warn!(%error, "cannot record the signing key's use"),
+                }
+            }
+            let behind = match intake.append_receipts(&origin, APPEND_LIMIT, signed) {
+                Ok(Some(appended)) => {
+                    if let Some(checkpoint) = appended.checkpoint {
+                        signed = Some(checkpoint);
+                        intake.metrics.set_receipt_log_size(checkpoint.0);
+                    }
+                    appended.to - appended.from == APPEND_LIMIT as u64
+                }
+                Ok(None) => false,
+                Err(error) => {
+                    intake.metrics.receipt_log_round_failed();
+                    tracing::error!(error = %crate::report::chain(error.as_ref()), "the receipt log was not appended to");
+                    false
+                }
+            };
+            if !behind {
+                std::thread::sleep(APPEND_EVERY);
+            }
+        }
+    };
+    if let Err(error) = std::thread::Builder::new()
+        .name("receipt-log".to_owned())
+        .spawn(appender)
+    {
+        tracing::error!(%error, "cannot start the receipt log's appender");
     }
 }
 

@@ -6,6 +6,7 @@
 mod admission;
 mod auth;
 mod deadline;
+mod evidence;
 mod expect;
 mod feed;
 pub mod observe;
@@ -140,6 +141,16 @@ fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .service(readable("/v1/plans/{receipt_id}", reads::get_plan))
             .service(readable("/v1/receipts", feed::list_receipts))
             .service(readable("/v1/receipts/{receipt_id}", reads::get_receipt))
+            .service(readable(
+                "/v1/receipts/{receipt_id}/proof",
+                evidence::receipt_proof,
+            ))
+            .service(readable("/v1/signing-keys", evidence::signing_keys))
+            .service(readable("/v1/checkpoint", evidence::checkpoint))
+            .service(readable(
+                "/v1/checkpoint/consistency",
+                evidence::consistency,
+            ))
             .service(readable("/healthz", healthz))
             .service(readable("/readyz", readyz))
             .service(readable("/metrics", metrics))
@@ -196,6 +207,12 @@ pub struct Ready {
     /// Commits wait for a synchronous standby and none is attached: no
     /// write can complete now (answered 503, so a load balancer sees it)
     commits_blocked: bool,
+    /// New receipts carry a signature and join the receipt log; false: the
+    /// service was started without `--signing-key` and signs nothing
+    receipts_signed: bool,
+    /// The key new receipts are signed with (`name+id`)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signing_key: Option<String>,
     /// Postgres without a synchronous standby: what a failover may lose
     #[serde(skip_serializing_if = "Option::is_none")]
     warning: Option<String>,
@@ -227,6 +244,11 @@ pub async fn readyz(
         status: "ready",
         commit_waits_for_standby: readiness.commit_waits_for_standby,
         commits_blocked: false,
+        receipts_signed: state.intake.signing_key().is_some(),
+        signing_key: state
+            .intake
+            .signing_key()
+            .map(|key| key.key_id().to_owned()),
         warning: readiness.warning,
     }))
 }

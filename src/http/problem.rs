@@ -23,6 +23,10 @@ pub enum ApiError {
     Forbidden(String),
     #[error("not found")]
     NotFound,
+    /// A receipt not yet under a signed checkpoint, or a log with none yet:
+    /// 404 with `Retry-After`.
+    #[error("{0}")]
+    NotLoggedYet(&'static str),
     /// A known path asked with a method it does not serve: 405 + `Allow`.
     #[error("this path takes only {0}")]
     MethodNotAllowed(&'static str),
@@ -160,6 +164,7 @@ impl ApiError {
             ApiError::Refused(_) => "refused",
             ApiError::Internal(_) => "error",
             ApiError::NotFound
+            | ApiError::NotLoggedYet(_)
             | ApiError::MethodNotAllowed(_)
             | ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
@@ -180,6 +185,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
             ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
             ApiError::NotFound => ("not-found", "Not Found"),
+            ApiError::NotLoggedYet(_) => ("not-logged-yet", "Not In A Checkpoint Yet"),
             ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method Not Allowed"),
             ApiError::BadIdempotencyKey(_) => {
                 ("invalid-idempotency-key", "Invalid Idempotency-Key")
@@ -254,7 +260,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::NotLoggedYet(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::BadIdempotencyKey(_)
             | ApiError::MalformedJson(_)
@@ -302,6 +308,7 @@ impl ResponseError for ApiError {
             | ApiError::BodiesInFlight
             | ApiError::StrangersTurnedAway
             | ApiError::CommitsBlocked
+            | ApiError::NotLoggedYet(_)
             | ApiError::Throttled(_) => {
                 response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
             }

@@ -33,8 +33,20 @@ pub fn canonicalize(submission: &Submission) -> CanonicalParts<'_> {
     // is not copied.
     let inputs = canonical_inputs(&submission.approved_inputs);
     let content = submission.content.as_str();
-    let mut run_id = String::with_capacity(submission.run_id.as_str().len() + 2);
-    write_string(&mut run_id, submission.run_id.as_str());
+    let hashes = hashes_of_stored(&inputs, content, submission.run_id.as_str());
+    CanonicalParts {
+        hashes,
+        approved_inputs: inputs,
+        content,
+    }
+}
+
+/// The two hashes of a plan from its stored parts: the approved inputs'
+/// and the content's RFC 8785 text, and the run id. What the write hashed,
+/// and what an audit recomputes from a row.
+pub fn hashes_of_stored(inputs: &str, content: &str, run_id: &str) -> Hashes {
+    let mut run_id_json = String::with_capacity(run_id.len() + 2);
+    write_string(&mut run_id_json, run_id);
     let hash_of = |pieces: &[&str]| {
         let mut hasher = blake3::Hasher::new();
         for piece in pieces {
@@ -44,27 +56,23 @@ pub fn canonicalize(submission: &Submission) -> CanonicalParts<'_> {
     };
     let content_hash = hash_of(&[
         r#"{"approved_inputs":"#,
-        &inputs,
+        inputs,
         r#","content":"#,
         content,
         "}",
     ]);
     let request_hash = hash_of(&[
         r#"{"approved_inputs":"#,
-        &inputs,
+        inputs,
         r#","content":"#,
         content,
         r#","run_id":"#,
-        &run_id,
+        &run_id_json,
         "}",
     ]);
-    CanonicalParts {
-        hashes: Hashes {
-            content_hash,
-            request_hash,
-        },
-        approved_inputs: inputs,
-        content,
+    Hashes {
+        content_hash,
+        request_hash,
     }
 }
 

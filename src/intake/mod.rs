@@ -18,8 +18,10 @@ pub mod login;
 mod properties;
 pub mod read;
 pub mod receipt;
+pub mod receipt_log;
 pub mod retention;
 pub mod retry;
+pub mod signing;
 pub mod submit;
 
 use tokio::sync::watch;
@@ -49,6 +51,9 @@ pub struct Intake {
     pub metrics: Metrics,
     known: std::sync::Arc<KnownLogins>,
     strangers: std::sync::Arc<login::StrangerBudget>,
+    /// The key new receipts and checkpoints are signed with; `None`: the
+    /// service signs nothing and keeps no log.
+    signing: Option<std::sync::Arc<signing::SigningKey>>,
 }
 
 impl Intake {
@@ -63,7 +68,19 @@ impl Intake {
             metrics,
             known: std::sync::Arc::default(),
             strangers: std::sync::Arc::default(),
+            signing: None,
         }
+    }
+
+    /// This facade, signing new receipts and the log's checkpoints with `key`.
+    pub fn signing_with(mut self, key: std::sync::Arc<signing::SigningKey>) -> Self {
+        self.signing = Some(key);
+        self
+    }
+
+    /// The key new receipts are signed with, if any.
+    pub fn signing_key(&self) -> Option<&signing::SigningKey> {
+        self.signing.as_deref()
     }
 
     // Who is calling.
@@ -319,6 +336,136 @@ impl Intake {
     /// instance or (heard by its listener) another. Does not block.
     pub fn feed_changes(&self) -> watch::Receiver<u64> {
         self.db.feed_signal().subscribe()
+    }
+
+    // The receipt log.
+
+    /// One append round (blocking): the receipts settled since the last
+    /// leaf, appended and under a new signed checkpoint. `Ok(None)`: no
+    /// key (no log), or another instance appends now. `signed`: the last
+    /// checkpoint this process signed, which the new one must extend.
+    pub fn append_receipts(
+        &self,
+        origin: &str,
+        limit: i64,
+        signed: Option<(u64, tlog_tiles::Hash)>,
+    ) -> Result<Option<crate::storage::receipt_log::Appended>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        let Some(key) = self.signing_key() else {
+            return Ok(None);
+        };
+        let writer = receipt_log::LogSigner { key, origin };
+        let mut conn = self.db.conn()?;
+        Ok(crate::storage::receipt_log::append(
+            &mut conn,
+            limit,
+            &writer,
+            signed,
+            submit::now_micros(),
+        )?)
+    }
+
+    /// Records that this instance's key signs now (`GET /v1/signing-keys`
+    /// tells when each key was in use).
+    pub fn record_key_use(&self, deadline: &Deadline) -> Result<(), ReadError> {
+        let Some(key) = self.signing_key() else {
+            return Ok(());
+        };
+        let now = submit::now_micros();
+        self.db.read(deadline, |conn| {
+            crate::storage::receipt_log::record_key_use(conn, key.key_id(), key.verifier_key(), now)
+        })?;
+        Ok(())
+    }
+
+    /// Keeps `key` published though this instance does not sign with it
+    /// (an older key, kept for rotation).
+    pub fn publish_key(&self, key: &signing::SigningKey, deadline: &Deadline) -> Result<(), ReadError> {
+        let now = submit::now_micros();
+        self.db.read(deadline, |conn| {
+            crate::storage::receipt_log::publish_key(conn, key.key_id(), key.verifier_key(), now)
+        })?;
+        Ok(())
+    }
+
+    /// Every key that has signed, and the one signing now.
+    pub fn published_keys(&self, deadline: &Deadline) -> Result<signing::PublishedKeys, ReadError> {
+        let rows = self
+            .db
+            .read(deadline, crate::storage::receipt_log::signing_keys)?;
+        Ok(signing::PublishedKeys {
+            signing_now: self.signing_key().map(|k| k.key_id().to_owned()),
+            keys: rows
+                .into_iter()
+                .map(|(key_id, verifier_key, first, last)| signing::PublishedKey {
+                    key_id,
+                    verifier_key,
+                    first_used_at: receipt::format_timestamp(&first),
+                    last_used_at: receipt::format_timestamp(&last),
+                })
+                .collect(),
+        })
+    }
+
+    /// The newest signed checkpoint's note, if the log has one.
+    pub fn checkpoint(&self, deadline: &Deadline) -> Result<Option<String>, ReadError> {
+        Ok(self
+            .db
+            .read(deadline, crate::storage::receipt_log::latest_checkpoint)?
+            .map(|c| c.note))
+    }
+
+    /// The `tlog-proof` of `receipt_id` in the newest checkpoint, if
+    /// `login` may see the receipt: `Some(None)` while it is not in one yet.
+    pub fn receipt_proof(
+        &self,
+        login: &Login,
+        receipt_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Option<Option<String>>, ReadError> {
+        if read::readable_receipt(&self.db, login, receipt_id, deadline)?.is_none() {
+            return Ok(None);
+        }
+        use crate::storage::receipt_log::{ProofError, inclusion_proof};
+        let mut answer = None;
+        self.db.read(deadline, |conn| {
+            answer = Some(inclusion_proof(conn, receipt_id));
+            Ok(())
+        })?;
+        match answer {
+            Some(Ok((index, proof, checkpoint))) => Ok(Some(Some(receipt_log::proof_text(
+                index,
+                &proof,
+                &checkpoint.note,
+            )))),
+            Some(Err(ProofError::NotYet)) => Ok(Some(None)),
+            Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
+            Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
+            None => Ok(Some(None)),
+        }
+    }
+
+    /// The consistency proof from the tree of `old` leaves to the one of
+    /// `new`, one base64 hash a line; `None` unless `0 < old <= new <=` the
+    /// newest checkpoint's size.
+    pub fn consistency_proof(
+        &self,
+        old: u64,
+        new: u64,
+        deadline: &Deadline,
+    ) -> Result<Option<String>, ReadError> {
+        use crate::storage::receipt_log::{ProofError, consistency_proof};
+        let mut answer = None;
+        self.db.read(deadline, |conn| {
+            answer = Some(consistency_proof(conn, old, new));
+            Ok(())
+        })?;
+        match answer {
+            Some(Ok(proof)) => Ok(Some(proof.iter().map(|h| format!("{h}\n")).collect())),
+            Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
+            Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
+            _ => Ok(None),
+        }
     }
 
     // Operations.

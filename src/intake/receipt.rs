@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::body::ApprovedInput;
+use super::signing::ReceiptSignature;
 use crate::storage::plans::{PlanRow, ReceiptRow};
 
 /// The receipt as the HTTP contract shows it. `outcome` is present only in
@@ -18,6 +19,10 @@ pub struct Receipt {
     pub approved_inputs: Vec<String>,
     pub permissions: Vec<String>,
     pub received_at: String,
+    /// The service's signature over this receipt; absent when the service
+    /// signs none (started without a key)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<ReceiptSignature>,
     /// `created`, `replayed` or `already_received`; only in answers to POST.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
@@ -64,6 +69,10 @@ impl Receipt {
             approved_inputs: inputs.into_iter().map(|i| i.id).collect(),
             permissions,
             received_at: format_timestamp(&row.received_at),
+            signature: row
+                .receipt_signature
+                .as_deref()
+                .and_then(ReceiptSignature::from_stored),
             outcome,
         })
     }

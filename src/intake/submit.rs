@@ -6,6 +6,7 @@ use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 
 use super::hashing::CanonicalParts;
 use super::receipt::CorruptRow;
+use super::signing::{ReceiptSignature, SigningKey};
 use super::{Caller, IdempotencyKey, Intake, Login, Receipt, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::UnknownCommitBranch;
@@ -132,7 +133,7 @@ impl Intake {
         parts: &CanonicalParts<'_>,
         deadline: &Deadline,
     ) -> Result<Result<Accepted, SubmitError>, FirstAttempt> {
-        let plan = new_plan(&caller.login, submission, parts);
+        let plan = new_plan(&caller.login, submission, parts, self.signing_key());
         let written = self
             .db
             .write_plan_async(&plan, key.as_str(), &caller.token_hash, deadline)
@@ -176,7 +177,7 @@ impl Intake {
             let (plan, written) = match first.take() {
                 Some(FirstAttempt { plan, written }) => (plan, written),
                 None => {
-                    let plan = new_plan(login, submission, parts);
+                    let plan = new_plan(login, submission, parts, self.signing_key());
                     let written =
                         self.db
                             .write_plan(&plan, key.as_str(), &caller.token_hash, deadline);
@@ -450,32 +451,52 @@ fn accepted(outcome: Outcome, row: &ReceiptRow) -> Result<Accepted, SubmitError>
 /// The receipt of the plan this attempt wrote, from what it wrote: the same receipt a read of the row gives, without reading back
 /// or parsing what was just serialized.
 fn created(plan: &NewPlan, login: &Login, submission: &Submission) -> Accepted {
+    let mut receipt = receipt_of(plan, login, submission);
+    receipt.signature = plan
+        .receipt_signature
+        .as_deref()
+        .and_then(ReceiptSignature::from_stored);
+    receipt.outcome = Some(Outcome::Created.as_str());
     Accepted {
         outcome: Outcome::Created,
-        receipt: Receipt {
-            receipt_id: plan.receipt_id.clone(),
-            maker: plan.maker.clone(),
-            run_id: plan.run_id.clone(),
-            content_hash: plan.content_hash.clone(),
-            request_hash: plan.request_hash.clone(),
-            approved_inputs: submission
-                .approved_inputs
-                .iter()
-                .map(|input| input.id.clone())
-                .collect(),
-            permissions: login
-                .permission_names()
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            received_at: super::receipt::format_timestamp(&plan.received_at),
-            outcome: Some(Outcome::Created.as_str()),
-        },
+        receipt,
     }
 }
 
-fn new_plan(login: &Login, submission: &Submission, parts: &CanonicalParts) -> NewPlan {
-    NewPlan {
+/// `plan`'s receipt as it will be stored, without signature or outcome.
+fn receipt_of(plan: &NewPlan, login: &Login, submission: &Submission) -> Receipt {
+    Receipt {
+        receipt_id: plan.receipt_id.clone(),
+        maker: plan.maker.clone(),
+        run_id: plan.run_id.clone(),
+        content_hash: plan.content_hash.clone(),
+        request_hash: plan.request_hash.clone(),
+        approved_inputs: submission
+            .approved_inputs
+            .iter()
+            .map(|input| input.id.clone())
+            .collect(),
+        permissions: login
+            .permission_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        received_at: super::receipt::format_timestamp(&plan.received_at),
+        signature: None,
+        outcome: None,
+    }
+}
+
+/// The plan this attempt writes, its receipt signed by `signer` (before
+/// the write, so the signature is kept with the plan and every replay
+/// answers it).
+fn new_plan(
+    login: &Login,
+    submission: &Submission,
+    parts: &CanonicalParts,
+    signer: Option<&SigningKey>,
+) -> NewPlan {
+    let mut plan = NewPlan {
         receipt_id: new_receipt_id(),
         maker: login.name.clone(),
         run_id: submission.run_id.as_str().to_owned(),
@@ -485,7 +506,12 @@ fn new_plan(login: &Login, submission: &Submission, parts: &CanonicalParts) -> N
         approved_inputs: parts.approved_inputs.clone(),
         permissions: serde_json::Value::from(login.permission_names()).to_string(),
         received_at: now_micros(),
+        receipt_signature: None,
+    };
+    if let Some(key) = signer {
+        plan.receipt_signature = Some(key.sign(&receipt_of(&plan, login, submission)).stored());
     }
+    plan
 }
 
 /// `rcpt_` and 128 random bits in hex: made here, per attempt, so a re-read

@@ -6,11 +6,24 @@ use diesel::sql_types::Text;
 
 use super::DbConn;
 
-pub const TABLES: [&str; 3] = ["logins", "plans", "intake_keys"];
+pub const TABLES: [&str; 8] = [
+    "logins",
+    "plans",
+    "intake_keys",
+    "receipt_log",
+    "receipt_log_hashes",
+    "receipt_log_checkpoints",
+    "receipt_log_state",
+    "signing_keys",
+];
+
+/// [`TABLES`] as an SQL list.
+const TABLES_SQL: &str = "('logins', 'plans', 'intake_keys', 'receipt_log', 'receipt_log_hashes', \
+                          'receipt_log_checkpoints', 'receipt_log_state', 'signing_keys')";
 
 /// Every index and primary key, unique, check and foreign key constraint,
 /// as `(table, name)`, sorted.
-pub const PINNED_NAMES: [(&str, &str); 13] = [
+pub const PINNED_NAMES: [(&str, &str); 20] = [
     ("intake_keys", "intake_keys_maker_key_uq"),
     ("intake_keys", "intake_keys_pk"),
     ("intake_keys", "intake_keys_plan_id_fk"),
@@ -24,6 +37,13 @@ pub const PINNED_NAMES: [(&str, &str); 13] = [
     ("plans", "plans_pk"),
     ("plans", "plans_receipt_id_uq"),
     ("plans", "plans_run_id_not_blank_ck"),
+    ("receipt_log", "receipt_log_pk"),
+    ("receipt_log", "receipt_log_receipt_id_uq"),
+    ("receipt_log_checkpoints", "receipt_log_checkpoints_pk"),
+    ("receipt_log_hashes", "receipt_log_hashes_pk"),
+    ("receipt_log_state", "receipt_log_state_one_row_ck"),
+    ("receipt_log_state", "receipt_log_state_pk"),
+    ("signing_keys", "signing_keys_pk"),
 ];
 
 #[derive(QueryableByName)]
@@ -49,38 +69,38 @@ struct TableSql {
 /// unique rule shows up as a mismatch.
 pub fn live_names(conn: &mut DbConn) -> QueryResult<Vec<(String, String)>> {
     let mut names: Vec<(String, String)> = match conn {
-        DbConn::Postgres(pg) => diesel::sql_query(
+        DbConn::Postgres(pg) => diesel::sql_query(format!(
             "SELECT t.relname::text AS table_name, c.conname::text AS name
                FROM pg_constraint c
                JOIN pg_class t ON t.oid = c.conrelid
               WHERE t.relnamespace = current_schema()::regnamespace
-                AND t.relname IN ('logins', 'plans', 'intake_keys')
+                AND t.relname IN {TABLES_SQL}
              UNION
              SELECT t.relname::text, i.relname::text
                FROM pg_index x
                JOIN pg_class i ON i.oid = x.indexrelid
                JOIN pg_class t ON t.oid = x.indrelid
               WHERE t.relnamespace = current_schema()::regnamespace
-                AND t.relname IN ('logins', 'plans', 'intake_keys')",
-        )
+                AND t.relname IN {TABLES_SQL}"
+        ))
         .load::<NamedObject>(pg)?
         .into_iter()
         .map(|o| (o.table_name, o.name))
         .collect(),
         DbConn::Sqlite(lite) => {
-            let mut names: Vec<(String, String)> = diesel::sql_query(
+            let mut names: Vec<(String, String)> = diesel::sql_query(format!(
                 "SELECT tbl_name AS table_name, name FROM sqlite_master
-                  WHERE type = 'index' AND tbl_name IN ('logins', 'plans', 'intake_keys')
-                    AND name NOT IN (SELECT name FROM sqlite_master WHERE type = 'table')",
-            )
+                  WHERE type = 'index' AND tbl_name IN {TABLES_SQL}
+                    AND name NOT IN (SELECT name FROM sqlite_master WHERE type = 'table')"
+            ))
             .load::<NamedObject>(lite)?
             .into_iter()
             .map(|o| (o.table_name, o.name))
             .collect();
-            let tables = diesel::sql_query(
+            let tables = diesel::sql_query(format!(
                 "SELECT name, sql FROM sqlite_master
-                  WHERE type = 'table' AND name IN ('logins', 'plans', 'intake_keys')",
-            )
+                  WHERE type = 'table' AND name IN {TABLES_SQL}"
+            ))
             .load::<TableSql>(lite)?;
             for table in tables {
                 names.extend(

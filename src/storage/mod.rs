@@ -12,6 +12,7 @@ pub mod logins;
 pub mod migrations;
 pub mod pg_batch;
 pub mod plans;
+pub mod receipt_log;
 mod pool;
 mod replication;
 mod scratch;

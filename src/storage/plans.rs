@@ -21,6 +21,7 @@ pub struct PlanRow {
     pub approved_inputs: String,
     pub permissions: String,
     pub received_at: NaiveDateTime,
+    pub receipt_signature: Option<String>,
 }
 
 /// What a receipt shows of a stored plan: every column but the content.
@@ -36,6 +37,7 @@ pub struct ReceiptRow {
     pub approved_inputs: String,
     pub permissions: String,
     pub received_at: NaiveDateTime,
+    pub receipt_signature: Option<String>,
 }
 
 impl PlanRow {
@@ -51,6 +53,7 @@ impl PlanRow {
             approved_inputs: self.approved_inputs.clone(),
             permissions: self.permissions.clone(),
             received_at: self.received_at,
+            receipt_signature: self.receipt_signature.clone(),
         }
     }
 }
@@ -69,6 +72,8 @@ pub struct NewPlan {
     pub approved_inputs: String,
     pub permissions: String,
     pub received_at: NaiveDateTime,
+    /// The receipt's signature as stored (`ReceiptSignature::stored`).
+    pub receipt_signature: Option<String>,
 }
 
 #[derive(Debug, Insertable)]
@@ -95,6 +100,7 @@ impl NewPlan {
             approved_inputs: self.approved_inputs.clone(),
             permissions: self.permissions.clone(),
             received_at: self.received_at,
+            receipt_signature: self.receipt_signature.clone(),
         }
     }
 
@@ -111,6 +117,7 @@ impl NewPlan {
             approved_inputs,
             permissions,
             received_at,
+            receipt_signature,
         } = self;
         *receipt_id == row.receipt_id
             && *maker == row.maker
@@ -121,6 +128,7 @@ impl NewPlan {
             && *approved_inputs == row.approved_inputs
             && *permissions == row.permissions
             && *received_at == row.received_at
+            && *receipt_signature == row.receipt_signature
     }
 }
 
@@ -229,11 +237,11 @@ pub(super) fn write_postgres(
     token_hash: &str,
     lock_timeout_ms: u32,
 ) -> Result<Written, WriteFailure> {
-    use diesel::sql_types::{Integer, Text, Timestamp};
+    use diesel::sql_types::{Integer, Nullable, Text, Timestamp};
     diesel::sql_query(
         "SELECT outcome, key_request_hash, id, receipt_id, maker, run_id, content_hash,
-                request_hash, approved_inputs, permissions, received_at
-           FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                request_hash, approved_inputs, permissions, received_at, receipt_signature
+           FROM plan_intake_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind::<Text, _>(&plan.receipt_id)
     .bind::<Text, _>(&plan.maker)
@@ -247,6 +255,7 @@ pub(super) fn write_postgres(
     .bind::<Text, _>(idempotency_key)
     .bind::<Integer, _>(i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX))
     .bind::<Text, _>(token_hash)
+    .bind::<Nullable<Text>, _>(plan.receipt_signature.as_deref())
     .get_result::<WriteRow>(pg)
     .and_then(WriteRow::written)
     .map_err(|error| statement_failed(pg, error))
@@ -318,7 +327,7 @@ pub(super) fn write_postgres_batch(
     pg: &mut diesel::PgConnection,
     batch: &[BatchEntry<'_>],
 ) -> Result<Vec<Written>, WriteFailure> {
-    use diesel::sql_types::{Array, Integer, Text, Timestamp};
+    use diesel::sql_types::{Array, Integer, Nullable, Text, Timestamp};
     fn column<'a>(
         batch: &'a [BatchEntry<'a>],
         field: fn(&'a BatchEntry<'a>) -> &'a str,
@@ -328,17 +337,19 @@ pub(super) fn write_postgres_batch(
     let texts = |field| column(batch, field);
     let rows = diesel::sql_query(
         "SELECT b.ord, w.outcome, w.key_request_hash, w.id, w.receipt_id, w.maker, w.run_id,
-                w.content_hash, w.request_hash, w.approved_inputs, w.permissions, w.received_at
+                w.content_hash, w.request_hash, w.approved_inputs, w.permissions, w.received_at,
+                w.receipt_signature
            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::text[], $8::text[], $9::timestamp[], $10::text[], $11::int[],
-                       $12::text[])
+                       $12::text[], $13::text[])
                 WITH ORDINALITY
                 AS b(receipt_id, maker, run_id, content_hash, request_hash, content,
                      approved_inputs, permissions, received_at, idempotency_key,
-                     lock_timeout_ms, token_hash, ord)
+                     lock_timeout_ms, token_hash, receipt_signature, ord)
           CROSS JOIN LATERAL plan_intake_write(b.receipt_id, b.maker, b.run_id, b.content_hash,
                      b.request_hash, b.content, b.approved_inputs, b.permissions, b.received_at,
-                     b.idempotency_key, b.lock_timeout_ms, b.token_hash) AS w
+                     b.idempotency_key, b.lock_timeout_ms, b.token_hash,
+                     b.receipt_signature) AS w
           ORDER BY b.ord",
     )
     .bind::<Array<Text>, _>(texts(|e| &e.plan.receipt_id))
@@ -358,6 +369,12 @@ pub(super) fn write_postgres_batch(
             .collect::<Vec<_>>(),
     )
     .bind::<Array<Text>, _>(texts(|e| e.token_hash))
+    .bind::<Array<Nullable<Text>>, _>(
+        batch
+            .iter()
+            .map(|e| e.plan.receipt_signature.as_deref())
+            .collect::<Vec<_>>(),
+    )
     .load::<BatchRow>(pg)
     .map_err(|error| statement_failed(pg, error))?;
     let answered_in_order = rows.len() == batch.len()

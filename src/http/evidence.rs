@@ -1,0 +1,112 @@
+//! The evidence: `GET /v1/signing-keys` (the public keys receipts and
+//! checkpoints are signed with), `GET /v1/checkpoint` (the newest signed
+//! checkpoint of the receipt log), `GET /v1/checkpoint/consistency` and
+//! `GET /v1/receipts/{receipt_id}/proof` (C2SP `tlog-proof`). The keys and
+//! checkpoints are public, as an auditor needs them; a receipt's proof is
+//! read under the receipt's own rule.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use super::problem::{NotYours, Problem, Refusals};
+use super::{ApiError, AppState};
+use crate::intake::signing::PublishedKeys;
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+#[utoipa::path(get, path = "/v1/signing-keys", tag = "evidence",
+    responses(
+        (status = 200, description = "Every key that has signed receipts or checkpoints, as C2SP signed-note verifier keys, with when each was in use", body = PublishedKeys),
+        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn signing_keys(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let deadline = super::deadline::of(&req, &state);
+    let keys = state
+        .blocking(deadline, move |intake| intake.published_keys(&deadline))
+        .await?;
+    Ok(HttpResponse::Ok().json(keys))
+}
+
+#[utoipa::path(get, path = "/v1/checkpoint", tag = "evidence",
+    responses(
+        (status = 200, description = "The newest checkpoint of the receipt log: a C2SP tlog-checkpoint signed note (origin, size, base64 root hash; a blank line; signature lines)", body = String, content_type = "text/plain"),
+        (status = 404, description = "No checkpoint signed yet (`not-logged-yet`; the service signs none without a key)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn checkpoint(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let deadline = super::deadline::of(&req, &state);
+    let note = state
+        .blocking(deadline, move |intake| intake.checkpoint(&deadline))
+        .await?
+        .ok_or(ApiError::NotLoggedYet("the receipt log has no checkpoint yet"))?;
+    Ok(HttpResponse::Ok().content_type(TEXT).body(note))
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ConsistencyQuery {
+    /// The smaller tree's size (at least 1)
+    old: u64,
+    /// The larger tree's size, at most the newest checkpoint's
+    new: u64,
+}
+
+#[utoipa::path(get, path = "/v1/checkpoint/consistency", tag = "evidence",
+    params(ConsistencyQuery),
+    responses(
+        (status = 200, description = "The RFC 6962 consistency proof from the tree of `old` leaves to the tree of `new`: one base64 hash a line", body = String, content_type = "text/plain"),
+        (status = 400, description = "`old` or `new` missing, not a number, `old` of 0 or above `new`, or `new` past the newest checkpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn consistency(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ConsistencyQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
+        .into_inner();
+    let deadline = super::deadline::of(&req, &state);
+    let (old, new) = (query.old, query.new);
+    let proof = state
+        .blocking(deadline, move |intake| {
+            intake.consistency_proof(old, new, &deadline)
+        })
+        .await?
+        .ok_or_else(|| {
+            ApiError::BadQuery(format!(
+                "no consistency proof from {old} to {new} leaves: 0 < old <= new <= the newest checkpoint's size"
+            ))
+        })?;
+    Ok(HttpResponse::Ok().content_type(TEXT).body(proof))
+}
+
+#[utoipa::path(get, path = "/v1/receipts/{receipt_id}/proof", tag = "evidence",
+    params(("receipt_id" = String, Path, description = "The receipt id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The receipt's inclusion in the newest checkpoint, as C2SP tlog-proof text (`c2sp.org/tlog-proof@v1`, `index N`, the proof's base64 hashes, a blank line, the checkpoint). The leaf is the receipt's RFC 8785 form without `signature` and `outcome`", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such receipt visible to this login (`not-found`), or not under a signed checkpoint yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
+        NotYours, Refusals,
+    ))]
+pub async fn receipt_proof(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let proof = super::reads::readable(
+        &req,
+        &state,
+        path.into_inner(),
+        |intake, login, id, deadline| intake.receipt_proof(login, id, deadline),
+    )
+    .await?
+    .ok_or(ApiError::NotLoggedYet(
+        "the receipt is not under a signed checkpoint yet; the log takes a few seconds",
+    ))?;
+    Ok(HttpResponse::Ok().content_type(TEXT).body(proof))
+}

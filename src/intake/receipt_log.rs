@@ -1,0 +1,470 @@
+//! The receipt log, the domain's side: what a leaf is (a receipt's signed
+//! form), checkpoints as C2SP `tlog-checkpoint` signed notes, proofs as
+//! C2SP `tlog-proof` text, the offline check of a receipt and its proof,
+//! and the audit that recomputes the log from the tables.
+
+use std::collections::HashMap;
+
+use tlog_tiles::{Checkpoint, Hash};
+
+use super::hashing::hashes_of_stored;
+use super::receipt::Receipt;
+use super::signing::{
+    BadSignature, SigningKey, TrustedKeys, signed_form, verify_receipt, verify_receipt_json,
+};
+use crate::storage::plans::ReceiptRow;
+use crate::storage::receipt_log::{self as log_tables, LogWriter};
+use crate::storage::{Database, StorageError};
+
+/// The first line of a C2SP `tlog-proof`.
+pub const PROOF_HEADER: &str = "c2sp.org/tlog-proof@v1";
+
+/// Signs the log's checkpoints with `key` under `origin`.
+pub struct LogSigner<'a> {
+    pub key: &'a SigningKey,
+    pub origin: &'a str,
+}
+
+impl LogWriter for LogSigner<'_> {
+    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, String> {
+        Receipt::from_row(row, None)
+            .map(|receipt| signed_form(&receipt))
+            .map_err(|e| e.to_string())
+    }
+
+    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, String> {
+        checkpoint_note(self.key, self.origin, size, root)
+    }
+}
+
+/// The signed note of a checkpoint: origin, size and root hash, signed by `key`.
+pub fn checkpoint_note(
+    key: &SigningKey,
+    origin: &str,
+    size: u64,
+    root: Hash,
+) -> Result<String, String> {
+    let text = Checkpoint::new(origin, size, root, "")
+        .map_err(|_| format!("{origin:?} is not a checkpoint origin"))?
+        .to_bytes();
+    let mut note = signed_note::Note::new(&text, &[]).map_err(|e| e.to_string())?;
+    note.add_sigs(&[key.note_signer()])
+        .map_err(|e| e.to_string())?;
+    String::from_utf8(note.to_bytes()).map_err(|e| e.to_string())
+}
+
+/// `proof` of leaf `index` under `checkpoint`, as C2SP `tlog-proof` text.
+pub fn proof_text(index: u64, proof: &[Hash], checkpoint: &str) -> String {
+    let mut text = format!("{PROOF_HEADER}\nindex {index}\n");
+    for hash in proof {
+        text.push_str(&format!("{hash}\n"));
+    }
+    text.push('\n');
+    text.push_str(checkpoint);
+    text
+}
+
+/// A checkpoint whose signature holds under trusted keys.
+#[derive(Debug, Clone)]
+pub struct VerifiedCheckpoint {
+    pub origin: String,
+    pub size: u64,
+    pub root: Hash,
+    /// Who signed it (`name+id`, each verified).
+    pub signers: Vec<String>,
+}
+
+/// `note` as a checkpoint signed by at least one of `keys`.
+pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheckpoint, String> {
+    let parsed = signed_note::Note::from_bytes(note.as_bytes())
+        .map_err(|e| format!("not a signed note: {e}"))?;
+    let (signed, _) = parsed
+        .verify(&keys.note_verifiers())
+        .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
+    let checkpoint = Checkpoint::from_bytes(parsed.text())
+        .map_err(|_| "its text is not a checkpoint (origin, size, root hash)".to_owned())?;
+    Ok(VerifiedCheckpoint {
+        origin: checkpoint.origin().to_owned(),
+        size: checkpoint.size(),
+        root: *checkpoint.hash(),
+        signers: signed
+            .iter()
+            .map(|s| format!("{}+{:08x}", s.name(), s.id()))
+            .collect(),
+    })
+}
+
+/// A `tlog-proof` read back: the leaf index, its inclusion proof and the
+/// checkpoint's signed note.
+pub struct ParsedProof {
+    pub index: u64,
+    pub hashes: Vec<Hash>,
+    pub checkpoint: String,
+}
+
+pub fn parse_proof(text: &str) -> Result<ParsedProof, String> {
+    let (head, checkpoint) = text
+        .split_once("\n\n")
+        .ok_or("no blank line before its checkpoint")?;
+    let mut lines = head.lines();
+    if lines.next() != Some(PROOF_HEADER) {
+        return Err(format!("its first line is not {PROOF_HEADER}"));
+    }
+    let mut line = lines.next().ok_or("no index line")?;
+    if line.starts_with("extra ") {
+        line = lines.next().ok_or("no index line")?;
+    }
+    let index = line
+        .strip_prefix("index ")
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or_else(|| format!("{line:?} is not an index line"))?;
+    let hashes = lines
+        .map(|l| Hash::parse_hash(l).map_err(|_| format!("{l:?} is not a base64 hash")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ParsedProof {
+        index,
+        hashes,
+        checkpoint: checkpoint.to_owned(),
+    })
+}
+
+/// What an offline check found to hold.
+#[derive(Debug)]
+pub struct Verified {
+    pub receipt_id: String,
+    pub key_id: String,
+    /// With a proof: the leaf's index and the checkpoint it is included in.
+    pub included: Option<(u64, VerifiedCheckpoint)>,
+}
+
+/// Checks a receipt (`receipt`: the service's JSON for it, or a plan read
+/// with its receipt) against `keys`, and with `proof`, its inclusion in a
+/// checkpoint those keys signed. No service, no database.
+pub fn verify_offline(
+    receipt: &str,
+    keys: &TrustedKeys,
+    proof: Option<&str>,
+) -> Result<Verified, String> {
+    let document: serde_json::Value =
+        serde_json::from_str(receipt).map_err(|e| format!("the receipt is not JSON: {e}"))?;
+    let document = match document.get("receipt") {
+        Some(inner) if inner.is_object() => inner.clone(),
+        _ => document,
+    };
+    let receipt_id = document
+        .get("receipt_id")
+        .and_then(|id| id.as_str())
+        .ok_or("the file holds no receipt (no receipt_id)")?
+        .to_owned();
+    let leaf = verify_receipt_json(&document, keys).map_err(|e| e.to_string())?;
+    let key_id = document
+        .pointer("/signature/key_id")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let included = match proof {
+        None => None,
+        Some(text) => {
+            let proof = parse_proof(text).map_err(|e| format!("the proof is malformed: {e}"))?;
+            let checkpoint = verify_checkpoint(&proof.checkpoint, keys)
+                .map_err(|e| format!("the proof's checkpoint: {e}"))?;
+            if proof.index >= checkpoint.size {
+                return Err(format!(
+                    "the proof's index {} is outside its checkpoint of {} leaves",
+                    proof.index, checkpoint.size
+                ));
+            }
+            tlog_tiles::check_record(
+                &proof.hashes,
+                checkpoint.size,
+                checkpoint.root,
+                proof.index,
+                tlog_tiles::record_hash(&leaf),
+            )
+            .map_err(|_| {
+                format!(
+                    "receipt {receipt_id} is not leaf {} of the checkpoint of {} leaves: the receipt or the proof was changed",
+                    proof.index, checkpoint.size
+                )
+            })?;
+            Some((proof.index, checkpoint))
+        }
+    };
+    Ok(Verified {
+        receipt_id,
+        key_id,
+        included,
+    })
+}
+
+/// What an audit found: one line per finding, and what it looked at.
+#[derive(Debug, Default)]
+pub struct AuditReport {
+    pub plans: usize,
+    pub leaves: usize,
+    pub checkpoints: usize,
+    pub findings: Vec<String>,
+}
+
+/// Recomputes the log from the tables and holds it against every
+/// checkpoint (stored, and `extra` ones an auditor kept): each plan's
+/// hashes against its content, each receipt's signature, each leaf
+/// against its receipt and its place in the feed, each checkpoint's
+/// signature and root, and each checkpoint as an extension of the one
+/// before. `keys`: the keys the auditor trusts.
+pub fn audit(
+    db: &Database,
+    keys: &TrustedKeys,
+    extra: &[(String, String)],
+) -> Result<AuditReport, StorageError> {
+    let mut conn = db.conn()?;
+    let plans = log_tables::plans_in_feed_order(&mut conn)?;
+    let leaves = log_tables::leaves(&mut conn)?;
+    let stored = log_tables::checkpoints(&mut conn)?;
+    let (_, logged_to) = log_tables::log_position(&mut conn)?;
+    let mut report = AuditReport {
+        plans: plans.len(),
+        leaves: leaves.len(),
+        checkpoints: stored.len() + extra.len(),
+        ..AuditReport::default()
+    };
+    let findings = &mut report.findings;
+
+    // Each plan: its hashes from its content, its receipt's signature.
+    let mut by_receipt: HashMap<&str, (usize, Vec<u8>)> = HashMap::new();
+    for (place, (_, row)) in plans.iter().enumerate() {
+        let hashes = hashes_of_stored(&row.approved_inputs, &row.content, &row.run_id);
+        if hashes.content_hash != row.content_hash {
+            findings.push(format!(
+                "plan {}: its content or approved inputs were changed after it was received (they hash to {}, its receipt says {})",
+                row.receipt_id, hashes.content_hash, row.content_hash
+            ));
+        } else if hashes.request_hash != row.request_hash {
+            findings.push(format!(
+                "plan {}: its run id was changed after it was received (the request hashes to {}, its receipt says {})",
+                row.receipt_id, hashes.request_hash, row.request_hash
+            ));
+        }
+        match Receipt::from_row(&row.receipt_row(), None) {
+            Ok(receipt) => {
+                match verify_receipt(&receipt, keys) {
+                    Ok(()) | Err(BadSignature::Unsigned) => {}
+                    Err(bad) => findings.push(format!("receipt {}: {bad}", row.receipt_id)),
+                }
+                by_receipt.insert(&row.receipt_id, (place, signed_form(&receipt)));
+            }
+            Err(corrupt) => findings.push(format!("receipt {}: {corrupt}", row.receipt_id)),
+        }
+    }
+
+    // Each leaf: its receipt still there, unchanged, in feed order.
+    let mut tree_leaves: Vec<Hash> = Vec::with_capacity(leaves.len());
+    let mut last_place: Option<usize> = None;
+    for (expected, leaf) in leaves.iter().enumerate() {
+        let index = leaf.leaf_index;
+        if usize::try_from(index).ok() != Some(expected) {
+            findings.push(format!(
+                "leaf {index}: the log's leaves are not numbered 0, 1, 2, … (expected {expected})"
+            ));
+        }
+        let stored_hash = <[u8; 32]>::try_from(leaf.leaf_hash.as_slice())
+            .map(Hash)
+            .unwrap_or_default();
+        match by_receipt.get(leaf.receipt_id.as_str()) {
+            None => {
+                findings.push(format!(
+                    "receipt {} (leaf {index}): removed from the plans table after it was logged",
+                    leaf.receipt_id
+                ));
+                tree_leaves.push(stored_hash);
+            }
+            Some((place, form)) => {
+                let hash = tlog_tiles::record_hash(form);
+                if hash != stored_hash {
+                    findings.push(format!(
+                        "receipt {} (leaf {index}): changed after it was logged",
+                        leaf.receipt_id
+                    ));
+                }
+                if last_place.is_some_and(|last| *place <= last) {
+                    findings.push(format!(
+                        "receipt {} (leaf {index}): out of feed order (the plans were reordered, or the log was written around the service)",
+                        leaf.receipt_id
+                    ));
+                }
+                last_place = Some(*place);
+                tree_leaves.push(hash);
+            }
+        }
+    }
+
+    // Each plan the log has passed: in the log.
+    let logged: std::collections::HashSet<&str> =
+        leaves.iter().map(|l| l.receipt_id.as_str()).collect();
+    for (xid, row) in &plans {
+        let passed = (*xid, row.id) <= (logged_to.xid, logged_to.id);
+        if passed && !logged.contains(row.receipt_id.as_str()) {
+            findings.push(format!(
+                "plan {}: in the feed before the log's end but not in the log (written around the service?)",
+                row.receipt_id
+            ));
+        }
+    }
+
+    // The tree as the plans make it, and each checkpoint against it.
+    let tree = MemoryTree::of(&tree_leaves);
+    let mut checkpoints: Vec<(String, VerifiedCheckpoint)> = Vec::new();
+    let named = stored
+        .iter()
+        .map(|c| (format!("checkpoint {}", c.tree_size), c.note.clone()))
+        .chain(extra.iter().map(|(name, note)| (format!("checkpoint {name}"), note.clone())));
+    for (name, note) in named {
+        match verify_checkpoint(&note, keys) {
+            Err(e) => findings.push(format!("{name}: {e}")),
+            Ok(checkpoint) => {
+                if checkpoint.size > tree.size() {
+                    findings.push(format!(
+                        "{name}: signed for {} leaves, but the log has {}: leaves were removed",
+                        checkpoint.size,
+                        tree.size()
+                    ));
+                } else if tree.root(checkpoint.size) != Some(checkpoint.root) {
+                    findings.push(format!(
+                        "{name}: its root hash for {} leaves is not the root of the receipts as stored",
+                        checkpoint.size
+                    ));
+                }
+                checkpoints.push((name, checkpoint));
+            }
+        }
+    }
+    checkpoints.sort_by_key(|(_, c)| c.size);
+    for pair in checkpoints.windows(2) {
+        let ((old_name, old), (new_name, new)) = (&pair[0], &pair[1]);
+        let consistent = if old.size == new.size {
+            old.root == new.root
+        } else {
+            tree.size() >= new.size
+                && tree
+                    .consistency(new.size, old.size)
+                    .is_some_and(|proof| {
+                        tlog_tiles::check_tree(&proof, new.size, new.root, old.size, old.root)
+                            .is_ok()
+                    })
+        };
+        if !consistent {
+            findings.push(format!(
+                "{new_name}: not an extension of {old_name} (the log forked, or one of them was forged)"
+            ));
+        }
+    }
+    Ok(report)
+}
+
+/// A tree held in memory, for the audit: every stored hash, by index.
+struct MemoryTree {
+    size: u64,
+    hashes: Vec<Hash>,
+}
+
+impl tlog_tiles::HashReader for MemoryTree {
+    fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        indexes
+            .iter()
+            .map(|&i| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| self.hashes.get(i).copied())
+                    .ok_or(tlog_tiles::Error::IndexesNotInTree)
+            })
+            .collect()
+    }
+}
+
+impl MemoryTree {
+    fn of(leaves: &[Hash]) -> Self {
+        let mut tree = Self {
+            size: 0,
+            hashes: Vec::new(),
+        };
+        for leaf in leaves {
+            let mut stored = tlog_tiles::stored_hashes_for_record_hash(tree.size, *leaf, &tree)
+                .unwrap_or_default();
+            tree.hashes.append(&mut stored);
+            tree.size += 1;
+        }
+        tree
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn root(&self, size: u64) -> Option<Hash> {
+        (size <= self.size)
+            .then(|| tlog_tiles::tree_hash(size, self).ok())
+            .flatten()
+    }
+
+    fn consistency(&self, size: u64, old: u64) -> Option<Vec<Hash>> {
+        if old == 0 {
+            return Some(Vec::new());
+        }
+        tlog_tiles::prove_tree(size, old, self).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 6962's tree of the test vectors Go's tlog and the CT projects
+    /// use: the root of the first n leaves of `leaf_inputs` (from
+    /// certificate-transparency-go's merkle tests).
+    #[test]
+    fn roots_match_the_rfc_6962_reference_vectors() {
+        let inputs: [&[u8]; 8] = [
+            b"",
+            b"\x00",
+            b"\x10",
+            b"\x20\x21",
+            b"\x30\x31",
+            b"\x40\x41\x42\x43",
+            b"\x50\x51\x52\x53\x54\x55\x56\x57",
+            b"\x60\x61\x62\x63\x64\x65\x66\x67\x68\x69\x6a\x6b\x6c\x6d\x6e\x6f",
+        ];
+        let roots = [
+            "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
+            "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
+            "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77",
+            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+            "4e3bbb1f7b478dcfe71fb631631519a3bca12c9aefca1612bfce4c13a86264d4",
+            "76e67dadbcdf1e10e1b74ddc608abd2f98dfb16fbce75277b5232a127f2087ef",
+            "ddb89be403809e325750d3d263cd78929c2942b7942a34b77e122c9594a74c8c",
+            "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
+        ];
+        let leaves: Vec<Hash> = inputs.iter().map(|i| tlog_tiles::record_hash(i)).collect();
+        let tree = MemoryTree::of(&leaves);
+        for (n, want) in roots.iter().enumerate() {
+            let root = tree.root(n as u64 + 1).expect("a root");
+            let hex: String = root.0.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(&hex, want, "root of the first {} leaves", n + 1);
+        }
+        let (key, _) = SigningKey::generate("plan-intake.test").expect("key");
+        let keys = TrustedKeys::parse(key.verifier_key()).expect("keys");
+        let note = checkpoint_note(&key, "plan-intake.test/log", 8, tree.root(8).expect("root"))
+            .expect("signed");
+        let checkpoint = verify_checkpoint(&note, &keys).expect("verifies");
+        assert_eq!((checkpoint.size, checkpoint.origin.as_str()), (8, "plan-intake.test/log"));
+        for index in 0..8u64 {
+            let proof = tlog_tiles::prove_record(8, index, &tree).expect("proof");
+            let text = proof_text(index, &proof, &note);
+            let parsed = parse_proof(&text).expect("parses");
+            assert_eq!((parsed.index, parsed.hashes.len()), (index, proof.len()));
+            assert!(
+                tlog_tiles::check_record(&parsed.hashes, 8, checkpoint.root, index, leaves[index as usize])
+                    .is_ok()
+            );
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Signed receipts. The service's Ed25519 keys are C2SP signed-note keys
+//! (`PRIVATE+KEY+name+id+…` in a file or a variable, never in the
+//! database; `name+id+…` published); a receipt is signed over its RFC 8785
+//! form without `signature` and `outcome`, and the same bytes are its leaf
+//! in the receipt log. Anyone holding the published keys checks it offline
+//! ([`verify_receipt`]).
+
+use std::fmt;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use signed_note::{Signer as _, StandardSigner, StandardVerifier, Verifier as _};
+
+use super::receipt::Receipt;
+
+/// A receipt's signature as the HTTP contract shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptSignature {
+    /// The signing key: `name+id` (8 hex digits), the start of its
+    /// verifier key in `GET /v1/signing-keys`
+    pub key_id: String,
+    /// The Ed25519 signature over the receipt's RFC 8785 form without
+    /// `signature` and `outcome`, in base64
+    pub ed25519: String,
+}
+
+impl ReceiptSignature {
+    /// As stored in `plans.receipt_signature`: `key_id` and the signature,
+    /// one space between.
+    pub fn stored(&self) -> String {
+        format!("{} {}", self.key_id, self.ed25519)
+    }
+
+    /// The stored form read back; `None` for a value not of that form.
+    pub fn from_stored(stored: &str) -> Option<Self> {
+        let (key_id, ed25519) = stored.split_once(' ')?;
+        Some(Self {
+            key_id: key_id.to_owned(),
+            ed25519: ed25519.to_owned(),
+        })
+    }
+}
+
+/// A key the service signs with: its private half, its name and id, and
+/// its verifier key. `Debug` shows only the id.
+pub struct SigningKey {
+    signer: StandardSigner,
+    key_id: String,
+    verifier_key: String,
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SigningKey")
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A key that cannot be used, and why (never the key itself).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("not a signed-note private key (PRIVATE+KEY+name+id+key): {0}")]
+    Malformed(String),
+    #[error("not a signed-note verifier key (name+id+key): {0}")]
+    MalformedPublic(String),
+    #[error("{0} is not a valid key name (no spaces or `+`)")]
+    BadName(String),
+}
+
+impl SigningKey {
+    /// A new key named `name`, from 32 random bytes of the OS-seeded CSPRNG.
+    pub fn generate(name: &str) -> Result<(Self, String), KeyError> {
+        if !signed_note::is_key_name_valid(name) {
+            return Err(KeyError::BadName(name.to_owned()));
+        }
+        let seed: [u8; 32] = rand::random();
+        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+        let verifier_key = signed_note::new_ed25519_verifier_key(name, &public);
+        let id = verifier_key
+            .split('+')
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        let mut encoded = vec![1u8];
+        encoded.extend_from_slice(&seed);
+        let private = format!("PRIVATE+KEY+{name}+{id}+{}", BASE64.encode(encoded));
+        Ok((Self::from_private(&private)?, private))
+    }
+
+    /// A key from its private text (`PRIVATE+KEY+name+id+key`), surrounding
+    /// whitespace ignored.
+    pub fn from_private(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        let signer = StandardSigner::new(text).map_err(|e| KeyError::Malformed(e.to_string()))?;
+        let seed = text
+            .rsplit('+')
+            .next()
+            .and_then(|key| BASE64.decode(key).ok())
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes.get(1..)?).ok())
+            .ok_or_else(|| KeyError::Malformed("its key is not 1 + 32 bytes".to_owned()))?;
+        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+        let verifier_key = signed_note::new_ed25519_verifier_key(signer.name(), &public);
+        Ok(Self {
+            key_id: format!("{}+{:08x}", signer.name(), signer.key_id()),
+            signer,
+            verifier_key,
+        })
+    }
+
+    /// `name+id`: what a receipt's signature names.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// `name+id+key`: what `GET /v1/signing-keys` publishes.
+    pub fn verifier_key(&self) -> &str {
+        &self.verifier_key
+    }
+
+    /// The signed-note signer, for checkpoints.
+    pub fn note_signer(&self) -> &StandardSigner {
+        &self.signer
+    }
+
+    /// `receipt`'s signature (deterministic: Ed25519 signs the same bytes
+    /// alike every time).
+    pub fn sign(&self, receipt: &Receipt) -> ReceiptSignature {
+        let signature = self
+            .signer
+            .sign(&signed_form(receipt))
+            .unwrap_or_default();
+        ReceiptSignature {
+            key_id: self.key_id.clone(),
+            ed25519: BASE64.encode(signature),
+        }
+    }
+}
+
+/// What a receipt's signature covers, and its leaf in the receipt log:
+/// the receipt's RFC 8785 text without `signature` and `outcome`.
+pub fn signed_form(receipt: &Receipt) -> Vec<u8> {
+    let bare = Receipt {
+        signature: None,
+        outcome: None,
+        ..receipt.clone()
+    };
+    // A receipt is strings and arrays of strings: always serializable.
+    serde_json_canonicalizer::to_vec(&bare).unwrap_or_default()
+}
+
+/// A published key: its verifier key, and when it was in use.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PublishedKey {
+    /// `name+id`, as receipts' signatures name it
+    pub key_id: String,
+    /// The C2SP signed-note verifier key: `name+id+base64(0x01 ‖ Ed25519 public key)`
+    pub verifier_key: String,
+    /// When this key first signed (UTC)
+    pub first_used_at: String,
+    /// When this key was last seen signing (UTC); it may still be in use
+    pub last_used_at: String,
+}
+
+/// `GET /v1/signing-keys`: every key that has signed receipts or checkpoints.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PublishedKeys {
+    /// The key new receipts are signed with; absent when the service signs none
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_now: Option<String>,
+    pub keys: Vec<PublishedKey>,
+}
+
+/// Verifier keys an offline check trusts: what `GET /v1/signing-keys`
+/// answered (JSON), or verifier keys one per line.
+pub struct TrustedKeys {
+    keys: Vec<(String, String)>,
+}
+
+impl TrustedKeys {
+    pub fn parse(text: &str) -> Result<Self, KeyError> {
+        let vkeys: Vec<String> = match serde_json::from_str::<PublishedKeys>(text) {
+            Ok(published) => published
+                .keys
+                .into_iter()
+                .map(|key| key.verifier_key)
+                .collect(),
+            Err(_) => text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned)
+                .collect(),
+        };
+        let mut keys = Vec::new();
+        for vkey in vkeys {
+            let verifier = StandardVerifier::new(&vkey)
+                .map_err(|e| KeyError::MalformedPublic(format!("{e}: {vkey}")))?;
+            keys.push((format!("{}+{:08x}", verifier.name(), verifier.key_id()), vkey));
+        }
+        Ok(Self { keys })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The verifier of `key_id`, if trusted.
+    fn verifier(&self, key_id: &str) -> Option<StandardVerifier> {
+        self.keys
+            .iter()
+            .find(|(id, _)| id == key_id)
+            .and_then(|(_, vkey)| StandardVerifier::new(vkey).ok())
+    }
+
+    /// Every trusted key as a signed-note verifier list, for checkpoints.
+    pub fn note_verifiers(&self) -> signed_note::VerifierList {
+        signed_note::VerifierList::new(
+            self.keys
+                .iter()
+                .filter_map(|(_, vkey)| StandardVerifier::new(vkey).ok())
+                .map(|v| Box::new(v) as Box<dyn signed_note::Verifier>)
+                .collect(),
+        )
+    }
+}
+
+/// Why a receipt's signature does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadSignature {
+    #[error("the receipt carries no signature")]
+    Unsigned,
+    #[error("the receipt is signed by {0}, which is not among the trusted keys")]
+    UnknownKey(String),
+    #[error("the receipt's signature is not base64")]
+    NotBase64,
+    #[error(
+        "the signature by {0} does not match the receipt: it was changed after it was signed, or signed by another key"
+    )]
+    Mismatch(String),
+}
+
+/// Whether `receipt`'s own signature holds under `keys`.
+pub fn verify_receipt(receipt: &Receipt, keys: &TrustedKeys) -> Result<(), BadSignature> {
+    let document = serde_json::to_value(receipt).unwrap_or_default();
+    verify_receipt_json(&document, keys).map(drop)
+}
+
+/// Whether the receipt `document` (as the service answered it, `outcome`
+/// and all) carries a signature that holds under `keys`; its signed form
+/// (its leaf in the receipt log) when it does.
+pub fn verify_receipt_json(
+    document: &serde_json::Value,
+    keys: &TrustedKeys,
+) -> Result<Vec<u8>, BadSignature> {
+    let signature: ReceiptSignature = document
+        .get("signature")
+        .cloned()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .ok_or(BadSignature::Unsigned)?;
+    let verifier = keys
+        .verifier(&signature.key_id)
+        .ok_or_else(|| BadSignature::UnknownKey(signature.key_id.clone()))?;
+    let bytes = BASE64
+        .decode(&signature.ed25519)
+        .map_err(|_| BadSignature::NotBase64)?;
+    let signed = signed_form_of_json(document);
+    if verifier.verify(&signed, &bytes) {
+        Ok(signed)
+    } else {
+        Err(BadSignature::Mismatch(signature.key_id))
+    }
+}
+
+/// [`signed_form`] of a receipt held as JSON: every member but
+/// `signature` and `outcome`, in RFC 8785 form.
+pub fn signed_form_of_json(document: &serde_json::Value) -> Vec<u8> {
+    let mut bare = document.clone();
+    if let Some(members) = bare.as_object_mut() {
+        members.remove("signature");
+        members.remove("outcome");
+    }
+    serde_json_canonicalizer::to_vec(&bare).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt() -> Receipt {
+        Receipt {
+            receipt_id: "rcpt_1".to_owned(),
+            maker: "planner-a".to_owned(),
+            run_id: "run-é".to_owned(),
+            content_hash: "c".repeat(64),
+            request_hash: "r".repeat(64),
+            approved_inputs: vec!["in-1".to_owned()],
+            permissions: vec!["plans:submit".to_owned()],
+            received_at: "2026-12-02T10:00:00.000000Z".to_owned(),
+            signature: None,
+            outcome: Some("created"),
+        }
+    }
+
+    #[test]
+    fn a_signed_receipt_verifies_and_a_changed_one_does_not() {
+        let (key, private) = SigningKey::generate("plan-intake.test").expect("key");
+        assert!(private.starts_with("PRIVATE+KEY+plan-intake.test+"));
+        let again = SigningKey::from_private(&format!("{private}\n")).expect("read back");
+        assert_eq!(again.verifier_key(), key.verifier_key());
+        let mut signed = receipt();
+        signed.signature = Some(key.sign(&signed));
+        assert_eq!(signed.signature, Some(again.sign(&receipt())), "deterministic");
+        let keys = TrustedKeys::parse(key.verifier_key()).expect("keys");
+        assert_eq!(verify_receipt(&signed, &keys), Ok(()));
+        signed.outcome = Some("replayed");
+        assert_eq!(verify_receipt(&signed, &keys), Ok(()), "outcome is not signed");
+        signed.run_id = "run-e".to_owned();
+        assert!(matches!(
+            verify_receipt(&signed, &keys),
+            Err(BadSignature::Mismatch(_))
+        ));
+        let (other, _) = SigningKey::generate("plan-intake.test").expect("key");
+        let strangers = TrustedKeys::parse(other.verifier_key()).expect("keys");
+        assert!(matches!(
+            verify_receipt(&signed, &strangers),
+            Err(BadSignature::UnknownKey(_))
+        ));
+    }
+
+    #[test]
+    fn the_signed_form_is_rfc_8785() {
+        let text = String::from_utf8(signed_form(&receipt())).expect("utf-8");
+        assert!(text.starts_with(r#"{"approved_inputs":["in-1"],"content_hash":""#));
+        assert!(text.contains(r#""run_id":"run-é""#), "{text}");
+        assert!(!text.contains("outcome") && !text.contains("signature"));
+    }
+
+    /// The example of C2SP signed-note (and Go's `note` package): its
+    /// verifier key verifies its signed note.
+    #[test]
+    fn the_signed_note_spec_example_verifies() {
+        let vkey = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW";
+        let note = "If you think cryptography is the answer to your problem,\n\
+                    then you don't know what your problem is.\n\
+                    \n\
+                    \u{2014} PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=\n";
+        let skey = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz";
+        let key = SigningKey::from_private(skey).expect("the spec's key");
+        assert_eq!(key.verifier_key(), vkey);
+        assert_eq!(key.key_id(), "PeterNeumann+c74f20a3");
+        let keys = TrustedKeys::parse(vkey).expect("keys");
+        let parsed = signed_note::Note::from_bytes(note.as_bytes()).expect("a note");
+        assert!(parsed.verify(&keys.note_verifiers()).is_ok());
+        let forged = note.replace("cryptography", "cryptographY");
+        let parsed = signed_note::Note::from_bytes(forged.as_bytes()).expect("a note");
+        assert!(parsed.verify(&keys.note_verifiers()).is_err());
+    }
+}

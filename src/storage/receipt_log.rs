@@ -1,0 +1,478 @@
+//! The receipt log's tables: leaves in feed order, the tree's stored
+//! hashes (Go tlog's numbering), signed checkpoints, the appenders' one
+//! state row, and the keys that have signed.
+//!
+//! An append is one transaction: take the state row (Postgres: `FOR UPDATE
+//! SKIP LOCKED`, so a second instance skips the round instead of queueing;
+//! SQLite: `BEGIN IMMEDIATE`), read the settled feed after its position,
+//! add the leaves and the hashes they complete, sign a checkpoint of the new
+//! size once it is shown consistent with the last one signed, move the
+//! state on, commit. A crash anywhere before COMMIT leaves the tree as it
+//! was: the next round resumes from the same state, so the tree is never
+//! forked.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use chrono::NaiveDateTime;
+use diesel::prelude::*;
+use tlog_tiles::{Hash, HashReader};
+
+use super::DbConn;
+use super::feed::{FeedPosition, PageRows, feed_page};
+use super::plans::{PlanRow, ReceiptRow};
+use super::schema::{
+    plans, receipt_log, receipt_log_checkpoints, receipt_log_hashes, receipt_log_state,
+    signing_keys,
+};
+use crate::with_conn;
+
+/// A signed checkpoint as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = receipt_log_checkpoints)]
+pub struct CheckpointRow {
+    pub tree_size: i64,
+    pub root_hash: Vec<u8>,
+    pub note: String,
+    pub signed_at: NaiveDateTime,
+}
+
+impl CheckpointRow {
+    pub fn root(&self) -> Option<Hash> {
+        <[u8; 32]>::try_from(self.root_hash.as_slice()).ok().map(Hash)
+    }
+}
+
+/// A leaf as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = receipt_log)]
+pub struct LeafRow {
+    pub leaf_index: i64,
+    pub receipt_id: String,
+    pub leaf_hash: Vec<u8>,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = receipt_log_state)]
+struct StateRow {
+    tree_size: i64,
+    after_feed_xid: i64,
+    after_plan_id: i64,
+}
+
+/// Why an append round wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+    #[error("the receipt log's stored hashes do not make a tree: {0}")]
+    Tree(String),
+    /// The tree as stored is not an extension of a checkpoint already
+    /// signed: nothing is signed until an operator looks.
+    #[error(
+        "the receipt log at size {size} is not an extension of the checkpoint of size {signed} already signed; no checkpoint is signed until this is explained"
+    )]
+    Inconsistent { size: u64, signed: u64 },
+    #[error("{0}")]
+    Signing(String),
+}
+
+/// What a round did: the tree's size before and after, and the
+/// checkpoint it signed (none when nothing was appended).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Appended {
+    pub from: u64,
+    pub to: u64,
+    pub checkpoint: Option<(u64, Hash)>,
+}
+
+/// What an append needs from the domain: each receipt's leaf bytes, and a
+/// signed checkpoint note for a size and root.
+pub trait LogWriter {
+    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, String>;
+    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, String>;
+}
+
+/// Reads stored hashes inside the caller's connection, after the ones an
+/// append is about to store.
+struct StoredHashes<'c> {
+    conn: RefCell<&'c mut DbConn>,
+    known: RefCell<HashMap<u64, Hash>>,
+}
+
+impl<'c> StoredHashes<'c> {
+    fn new(conn: &'c mut DbConn) -> Self {
+        Self {
+            conn: RefCell::new(conn),
+            known: RefCell::default(),
+        }
+    }
+}
+
+impl HashReader for StoredHashes<'_> {
+    fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        let mut known = self.known.borrow_mut();
+        let missing: Vec<i64> = indexes
+            .iter()
+            .filter(|i| !known.contains_key(i))
+            .filter_map(|&i| i64::try_from(i).ok())
+            .collect();
+        if !missing.is_empty() {
+            let mut conn = self.conn.borrow_mut();
+            let found: Vec<(i64, Vec<u8>)> = with_conn!(&mut **conn, c => {
+                receipt_log_hashes::table
+                    .filter(receipt_log_hashes::hash_index.eq_any(&missing))
+                    .select((receipt_log_hashes::hash_index, receipt_log_hashes::hash))
+                    .load(c)
+            })
+            .map_err(|e| tlog_tiles::Error::InvalidInput(format!("reading stored hashes: {e}")))?;
+            for (index, bytes) in found {
+                let hash = <[u8; 32]>::try_from(bytes.as_slice())
+                    .map_err(|_| tlog_tiles::Error::MalformedHash)?;
+                known.insert(u64::try_from(index).unwrap_or(0), Hash(hash));
+            }
+        }
+        indexes
+            .iter()
+            .map(|i| known.get(i).copied().ok_or(tlog_tiles::Error::IndexesNotInTree))
+            .collect()
+    }
+}
+
+/// One append round of up to `limit` settled receipts (see the module's
+/// comment). `Ok(None)`: another instance holds the log now. `signed`: the
+/// last checkpoint this process signed, which the new one must extend too.
+pub fn append(
+    conn: &mut DbConn,
+    limit: i64,
+    writer: &dyn LogWriter,
+    signed: Option<(u64, Hash)>,
+    now: NaiveDateTime,
+) -> Result<Option<Appended>, AppendError> {
+    let work = |conn: &mut DbConn| -> Result<Option<Appended>, AppendError> {
+        let Some(state) = take_state(conn)? else {
+            return Ok(None);
+        };
+        let after = FeedPosition {
+            xid: state.after_feed_xid,
+            id: state.after_plan_id,
+        };
+        let (PageRows::Receipts(rows), _) = feed_page(conn, after, limit, false)? else {
+            return Ok(Some(Appended::nothing(state.tree_size)));
+        };
+        let from = u64::try_from(state.tree_size).unwrap_or(0);
+        let Some((last_xid, last_row)) = rows.last().map(|(xid, row)| (*xid, row.id)) else {
+            return Ok(Some(Appended::nothing(state.tree_size)));
+        };
+        let last_checkpoint = latest_checkpoint(conn)?;
+        let tree = StoredHashes::new(conn);
+        let mut leaves = Vec::with_capacity(rows.len());
+        let mut new_hashes: Vec<(i64, Vec<u8>)> = Vec::new();
+        for (at, (_, row)) in rows.iter().enumerate() {
+            let n = from + at as u64;
+            let leaf = writer
+                .leaf(row)
+                .map_err(|e| AppendError::Tree(format!("receipt {}: {e}", row.receipt_id)))?;
+            let hashes = tlog_tiles::stored_hashes(n, &leaf, &tree)
+                .map_err(|e| AppendError::Tree(e.to_string()))?;
+            let first = tlog_tiles::stored_hash_index(0, n);
+            let mut known = tree.known.borrow_mut();
+            for (k, hash) in hashes.iter().enumerate() {
+                known.insert(first + k as u64, *hash);
+                new_hashes.push((to_i64(first + k as u64), hash.0.to_vec()));
+            }
+            leaves.push((to_i64(n), row.receipt_id.clone(), hashes[0].0.to_vec()));
+        }
+        let to = from + rows.len() as u64;
+        let root = tlog_tiles::tree_hash(to, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+        let stored_signed = last_checkpoint
+            .as_ref()
+            .and_then(|c| Some((u64::try_from(c.tree_size).ok()?, c.root()?)));
+        for (size, signed_root) in [stored_signed, signed].into_iter().flatten() {
+            extends(&tree, to, root, size, signed_root)?;
+        }
+        let note = writer
+            .checkpoint(to, root)
+            .map_err(AppendError::Signing)?;
+        drop(tree);
+        with_conn!(conn, c => {
+            for chunk in leaves.chunks(1000) {
+                let rows: Vec<_> = chunk
+                    .iter()
+                    .map(|(index, id, hash)| {
+                        (
+                            receipt_log::leaf_index.eq(index),
+                            receipt_log::receipt_id.eq(id),
+                            receipt_log::leaf_hash.eq(hash),
+                        )
+                    })
+                    .collect();
+                diesel::insert_into(receipt_log::table).values(&rows).execute(c)?;
+            }
+            for chunk in new_hashes.chunks(1000) {
+                let rows: Vec<_> = chunk
+                    .iter()
+                    .map(|(index, hash)| {
+                        (
+                            receipt_log_hashes::hash_index.eq(index),
+                            receipt_log_hashes::hash.eq(hash),
+                        )
+                    })
+                    .collect();
+                diesel::insert_into(receipt_log_hashes::table).values(&rows).execute(c)?;
+            }
+            diesel::insert_into(receipt_log_checkpoints::table)
+                .values((
+                    receipt_log_checkpoints::tree_size.eq(to_i64(to)),
+                    receipt_log_checkpoints::root_hash.eq(root.0.to_vec()),
+                    receipt_log_checkpoints::note.eq(&note),
+                    receipt_log_checkpoints::signed_at.eq(now),
+                ))
+                .execute(c)?;
+            diesel::update(receipt_log_state::table.filter(receipt_log_state::id.eq(1)))
+                .set((
+                    receipt_log_state::tree_size.eq(to_i64(to)),
+                    receipt_log_state::after_feed_xid.eq(last_xid),
+                    receipt_log_state::after_plan_id.eq(last_row),
+                ))
+                .execute(c)
+        })?;
+        #[cfg(feature = "test-seams")]
+        stall_mid_append(to);
+        Ok(Some(Appended {
+            from,
+            to,
+            checkpoint: Some((to, root)),
+        }))
+    };
+    super::in_transaction(conn, work)
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Appended {
+    fn nothing(size: i64) -> Self {
+        let size = u64::try_from(size).unwrap_or(0);
+        Self {
+            from: size,
+            to: size,
+            checkpoint: None,
+        }
+    }
+}
+
+/// The state row, taken for this transaction: Postgres skips the round
+/// when another appender holds it; SQLite's first write takes the file's
+/// write lock (waiting as every writer does) before anything is read.
+fn take_state(conn: &mut DbConn) -> QueryResult<Option<StateRow>> {
+    match conn {
+        DbConn::Postgres(pg) => receipt_log_state::table
+            .filter(receipt_log_state::id.eq(1))
+            .select(StateRow::as_select())
+            .for_update()
+            .skip_locked()
+            .first(pg)
+            .optional(),
+        DbConn::Sqlite(lite) => {
+            diesel::update(receipt_log_state::table.filter(receipt_log_state::id.eq(1)))
+                .set(receipt_log_state::tree_size.eq(receipt_log_state::tree_size))
+                .execute(lite)?;
+            receipt_log_state::table
+                .filter(receipt_log_state::id.eq(1))
+                .select(StateRow::as_select())
+                .first(lite)
+                .optional()
+        }
+    }
+}
+
+/// Whether the tree of `size` with `root` extends the signed tree of
+/// `signed` leaves with `signed_root`, by a consistency proof read from the
+/// stored hashes.
+fn extends(
+    tree: &impl HashReader,
+    size: u64,
+    root: Hash,
+    signed: u64,
+    signed_root: Hash,
+) -> Result<(), AppendError> {
+    let inconsistent = AppendError::Inconsistent { size, signed };
+    if signed > size {
+        return Err(inconsistent);
+    }
+    if signed == 0 {
+        return Ok(());
+    }
+    let proof = tlog_tiles::prove_tree(size, signed, tree).map_err(|_| {
+        AppendError::Inconsistent { size, signed }
+    })?;
+    tlog_tiles::check_tree(&proof, size, root, signed, signed_root).map_err(|_| inconsistent)
+}
+
+/// The newest checkpoint signed, if any.
+pub fn latest_checkpoint(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
+    with_conn!(conn, c => receipt_log_checkpoints::table
+        .order(receipt_log_checkpoints::tree_size.desc())
+        .select(CheckpointRow::as_select())
+        .first(c)
+        .optional())
+}
+
+/// Every checkpoint signed, oldest first.
+pub fn checkpoints(conn: &mut DbConn) -> QueryResult<Vec<CheckpointRow>> {
+    with_conn!(conn, c => receipt_log_checkpoints::table
+        .order(receipt_log_checkpoints::tree_size.asc())
+        .select(CheckpointRow::as_select())
+        .load(c))
+}
+
+/// Every leaf, in the log's order.
+pub fn leaves(conn: &mut DbConn) -> QueryResult<Vec<LeafRow>> {
+    with_conn!(conn, c => receipt_log::table
+        .order(receipt_log::leaf_index.asc())
+        .select(LeafRow::as_select())
+        .load(c))
+}
+
+/// Every plan, in feed order, with its feed position: what an audit
+/// recomputes the log from.
+pub fn plans_in_feed_order(conn: &mut DbConn) -> QueryResult<Vec<(i64, PlanRow)>> {
+    with_conn!(conn, c => plans::table
+        .order((plans::feed_xid.asc(), plans::id.asc()))
+        .select((plans::feed_xid, PlanRow::as_select()))
+        .load(c))
+}
+
+/// How far the log has come: its size and the feed position of its last leaf.
+pub fn log_position(conn: &mut DbConn) -> QueryResult<(u64, FeedPosition)> {
+    let state: StateRow = with_conn!(conn, c => receipt_log_state::table
+        .filter(receipt_log_state::id.eq(1))
+        .select(StateRow::as_select())
+        .first(c))?;
+    Ok((
+        u64::try_from(state.tree_size).unwrap_or(0),
+        FeedPosition {
+            xid: state.after_feed_xid,
+            id: state.after_plan_id,
+        },
+    ))
+}
+
+/// Why no proof is answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ProofError {
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+    /// The receipt is not in the log yet, or not yet under a checkpoint.
+    #[error("not in a signed checkpoint yet")]
+    NotYet,
+    #[error("the receipt log's stored hashes do not make a tree: {0}")]
+    Tree(String),
+}
+
+/// An inclusion proof of `receipt_id` in the newest checkpoint: its leaf
+/// index, the proof's hashes and the checkpoint.
+pub fn inclusion_proof(
+    conn: &mut DbConn,
+    receipt_id: &str,
+) -> Result<(u64, Vec<Hash>, CheckpointRow), ProofError> {
+    let index: Option<i64> = with_conn!(conn, c => receipt_log::table
+        .filter(receipt_log::receipt_id.eq(receipt_id))
+        .select(receipt_log::leaf_index)
+        .first(c)
+        .optional())?;
+    let checkpoint = latest_checkpoint(conn)?.ok_or(ProofError::NotYet)?;
+    let index = index
+        .and_then(|i| u64::try_from(i).ok())
+        .filter(|&i| i < u64::try_from(checkpoint.tree_size).unwrap_or(0))
+        .ok_or(ProofError::NotYet)?;
+    let size = u64::try_from(checkpoint.tree_size).unwrap_or(0);
+    let proof = tlog_tiles::prove_record(size, index, &StoredHashes::new(conn))
+        .map_err(|e| ProofError::Tree(e.to_string()))?;
+    Ok((index, proof, checkpoint))
+}
+
+/// A consistency proof from the tree of `old` leaves to the one of `new`
+/// (both at most the newest checkpoint's size).
+pub fn consistency_proof(conn: &mut DbConn, old: u64, new: u64) -> Result<Vec<Hash>, ProofError> {
+    let size = latest_checkpoint(conn)?
+        .and_then(|c| u64::try_from(c.tree_size).ok())
+        .unwrap_or(0);
+    if old == 0 || old > new || new > size {
+        return Err(ProofError::NotYet);
+    }
+    tlog_tiles::prove_tree(new, old, &StoredHashes::new(conn))
+        .map_err(|e| ProofError::Tree(e.to_string()))
+}
+
+/// A key in `signing_keys`: `(key_id, verifier_key, first_used_at, last_used_at)`.
+pub type KeyRow = (String, String, NaiveDateTime, NaiveDateTime);
+
+/// Records that `key_id` signs now (first use kept, last use moved on).
+pub fn record_key_use(
+    conn: &mut DbConn,
+    key_id: &str,
+    verifier_key: &str,
+    now: NaiveDateTime,
+) -> QueryResult<()> {
+    with_conn!(conn, c => diesel::insert_into(signing_keys::table)
+        .values((
+            signing_keys::key_id.eq(key_id),
+            signing_keys::verifier_key.eq(verifier_key),
+            signing_keys::first_used_at.eq(now),
+            signing_keys::last_used_at.eq(now),
+        ))
+        .on_conflict(signing_keys::key_id)
+        .do_update()
+        .set(signing_keys::last_used_at.eq(now))
+        .execute(c))?;
+    Ok(())
+}
+
+/// Records `key_id` as published if it is not yet (its times untouched otherwise).
+pub fn publish_key(
+    conn: &mut DbConn,
+    key_id: &str,
+    verifier_key: &str,
+    now: NaiveDateTime,
+) -> QueryResult<()> {
+    with_conn!(conn, c => diesel::insert_into(signing_keys::table)
+        .values((
+            signing_keys::key_id.eq(key_id),
+            signing_keys::verifier_key.eq(verifier_key),
+            signing_keys::first_used_at.eq(now),
+            signing_keys::last_used_at.eq(now),
+        ))
+        .on_conflict(signing_keys::key_id)
+        .do_nothing()
+        .execute(c))?;
+    Ok(())
+}
+
+/// Every key that has signed, oldest first.
+pub fn signing_keys(conn: &mut DbConn) -> QueryResult<Vec<KeyRow>> {
+    with_conn!(conn, c => signing_keys::table
+        .order(signing_keys::first_used_at.asc())
+        .select((
+            signing_keys::key_id,
+            signing_keys::verifier_key,
+            signing_keys::first_used_at,
+            signing_keys::last_used_at,
+        ))
+        .load(c))
+}
+
+/// Test seam: with `PLAN_INTAKE_TEST_STALL_APPEND` set, an append that
+/// reached `size` leaves says so on stderr and waits there, its
+/// transaction written but not committed, for a test to kill the process.
+#[cfg(feature = "test-seams")]
+fn stall_mid_append(size: u64) {
+    if std::env::var_os("PLAN_INTAKE_TEST_STALL_APPEND").is_some() {
+        eprintln!("plan-intake test seam: append to {size} leaves written, not committed");
+        loop {
+            std::thread::park();
+        }
+    }
+}
