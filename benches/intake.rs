@@ -1067,6 +1067,7 @@ fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
             .to_owned(),
         permissions: r#"["plans:submit"]"#.to_owned(),
         received_at: plan_intake::intake::submit::now_micros(),
+        receipt_signature: None,
     }
 }
 

@@ -94,9 +94,10 @@ impl SigningKey {
     pub fn from_private(text: &str) -> Result<Self, KeyError> {
         let text = text.trim();
         let signer = StandardSigner::new(text).map_err(|e| KeyError::Malformed(e.to_string()))?;
+        // PRIVATE+KEY+name+id+key: the key is base64, which may hold `+`.
         let seed = text
-            .rsplit('+')
-            .next()
+            .splitn(5, '+')
+            .nth(4)
             .and_then(|key| BASE64.decode(key).ok())
             .and_then(|bytes| <[u8; 32]>::try_from(bytes.get(1..)?).ok())
             .ok_or_else(|| KeyError::Malformed("its key is not 1 + 32 bytes".to_owned()))?;

@@ -464,12 +464,15 @@ pub fn signing_keys(conn: &mut DbConn) -> QueryResult<Vec<KeyRow>> {
         .load(c))
 }
 
-/// Test seam: with `PLAN_INTAKE_TEST_STALL_APPEND` set, an append that
-/// reached `size` leaves says so on stderr and waits there, its
+/// Test seam: with `PLAN_INTAKE_TEST_STALL_APPEND=N`, an append that
+/// reaches N leaves or more says so on stderr and waits there, its
 /// transaction written but not committed, for a test to kill the process.
 #[cfg(feature = "test-seams")]
 fn stall_mid_append(size: u64) {
-    if std::env::var_os("PLAN_INTAKE_TEST_STALL_APPEND").is_some() {
+    let threshold = std::env::var("PLAN_INTAKE_TEST_STALL_APPEND")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok());
+    if threshold.is_some_and(|n| size >= n) {
         eprintln!("plan-intake test seam: append to {size} leaves written, not committed");
         loop {
             std::thread::park();

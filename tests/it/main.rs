@@ -9,6 +9,7 @@ mod crash;
 mod dba;
 mod deadline;
 mod door;
+mod evidence;
 mod expect_continue;
 mod failover;
 mod faults;

@@ -455,6 +455,7 @@ pub fn competing_plan(maker: &str, body: &str) -> plan_intake::storage::plans::N
         approved_inputs: parts.approved_inputs,
         permissions: r#"["plans:submit"]"#.to_owned(),
         received_at: plan_intake::intake::submit::now_micros(),
+        receipt_signature: None,
     }
 }
 

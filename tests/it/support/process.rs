@@ -58,9 +58,20 @@ impl ServeProcess {
 
     /// Listening on `bind`, e.g. the same port again after a restart.
     pub fn start_on(database_url: &str, bind: &str, extra_args: &[&str]) -> Self {
+        Self::start_env(database_url, bind, extra_args, &[])
+    }
+
+    /// As [`ServeProcess::start_on`], with more environment variables.
+    pub fn start_env(
+        database_url: &str,
+        bind: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(BIN)
             .args(["serve", "--bind", bind])
             .args(extra_args)
+            .envs(env.iter().copied())
             .env("DATABASE_URL", database_url)
             .env("PLAN_INTAKE_LOG", "plan_intake=info")
             .stdout(Stdio::null())

@@ -1,0 +1,480 @@
+//! Receipts as evidence, through the real binary on both backends: signed
+//! receipts verified offline (`receipts verify`) and by an independent
+//! RFC 6962 implementation (`tests/fixtures/rfc6962.py`), tampering named
+//! by `audit`, a key rotation, two appenders at once, and a kill -9 in the
+//! middle of an append.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::on_both_backends_sync;
+use crate::support::TestDb;
+use crate::support::load::Load;
+use crate::support::process::{ServeProcess, client, login_via_cli, post_plan, run_cli_at};
+
+on_both_backends_sync!(
+    signed_receipts_and_their_proofs_verify_offline,
+    audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork,
+    a_rotated_key_keeps_old_receipts_verifiable,
+    two_instances_appending_under_load_leave_one_consistent_tree,
+    a_kill_9_mid_append_resumes_without_a_fork,
+    without_a_key_receipts_are_unsigned_and_no_log_is_kept,
+);
+
+/// `signing-keys generate --out DIR/NAME`: the private key's path.
+fn generate_key(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let path = out.to_str().expect("utf-8 path");
+    let made = run_cli_at("sqlite://unused.db", &["signing-keys", "generate", "--out", path]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let private = std::fs::read_to_string(&out).expect("private key");
+    assert!(private.starts_with("PRIVATE+KEY+plan-intake+"));
+    let public = std::fs::read_to_string(format!("{path}.pub")).expect("public key");
+    assert!(public.starts_with("plan-intake+") && !public.contains("PRIVATE"));
+    out
+}
+
+fn serve_signed(url: &str, keys: &[&Path]) -> ServeProcess {
+    let mut args = Vec::new();
+    for key in keys {
+        args.push("--signing-key");
+        args.push(key.to_str().expect("utf-8 path"));
+    }
+    ServeProcess::start_with(url, &args)
+}
+
+/// GET `path` as text: the status and the body.
+fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
+    let mut request = client().get(&format!("http://{addr}{path}"));
+    if let Some(token) = token {
+        request = request.set("Authorization", &format!("Bearer {token}"));
+    }
+    let response = match request.call() {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("GET {path}: {e}"),
+    };
+    (response.status(), response.into_string().expect("text body"))
+}
+
+/// The newest checkpoint once it holds at least `size` leaves (within 30 s).
+fn checkpoint_of_at_least(addr: &str, size: u64) -> String {
+    let start = Instant::now();
+    loop {
+        let (status, note) = get_text(addr, None, "/v1/checkpoint");
+        if status == 200 && checkpoint_size(&note) >= size {
+            return note;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no checkpoint of {size} leaves within 30 s; the last: {status} {note}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn checkpoint_size(note: &str) -> u64 {
+    note.lines()
+        .nth(1)
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0)
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write a file");
+    path
+}
+
+fn arg(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// `plan-intake receipts verify`: its exit status and its output.
+fn verify(receipt: &Path, keys: &Path, proof: Option<&Path>) -> (i32, String) {
+    let mut args = vec!["receipts", "verify", arg(receipt), "--keys", arg(keys)];
+    if let Some(proof) = proof {
+        args.extend(["--proof", arg(proof)]);
+    }
+    let out = run_cli_at("sqlite://unused.db", &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// `plan-intake audit --keys KEYS [--checkpoint FILE]…`: exit status and output.
+fn audit(url: &str, keys: &Path, checkpoints: &[&Path]) -> (i32, String) {
+    let mut args = vec!["audit", "--keys", arg(keys)];
+    for checkpoint in checkpoints {
+        args.extend(["--checkpoint", arg(checkpoint)]);
+    }
+    let out = run_cli_at(url, &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The independent check (`tests/fixtures/rfc6962.py ARGS…`) holds.
+fn independent_check(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rfc6962.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "the independent RFC 6962 check failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A plan body unique to `run`.
+fn body(run: &str) -> String {
+    format!(
+        r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{"run":"{run}","note":"Größe ✓"}}}}"#
+    )
+}
+
+/// Submits `count` plans (`{prefix}-0`…); their receipts in order.
+fn submit(addr: &str, token: &str, prefix: &str, count: usize) -> Vec<Value> {
+    let agent = client();
+    (0..count)
+        .map(|i| {
+            let run = format!("{prefix}-{i}");
+            let (status, receipt) =
+                post_plan(&agent, addr, token, &format!("key-{run}"), &body(&run)).expect("answer");
+            assert_eq!(status, 201, "{receipt}");
+            receipt
+        })
+        .collect()
+}
+
+fn signing_keys_file(addr: &str, dir: &Path) -> PathBuf {
+    let (status, keys) = get_text(addr, None, "/v1/signing-keys");
+    assert_eq!(status, 200, "{keys}");
+    write(dir, "keys.json", &keys)
+}
+
+fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let receipts = submit(&service.addr, &token, "run", 7);
+    let first = checkpoint_of_at_least(&service.addr, 7);
+    let first_path = write(dir.path(), "first.checkpoint", &first);
+
+    // A replay answers the signature the plan was first answered with.
+    let (status, replayed) =
+        post_plan(&client(), &service.addr, &token, "key-run-3", &body("run-3")).expect("answer");
+    assert_eq!((status, &replayed["outcome"]), (200, &Value::from("replayed")));
+    assert_eq!(replayed["signature"], receipts[3]["signature"]);
+    assert!(receipts[3]["signature"]["ed25519"].is_string());
+
+    let keys = signing_keys_file(&service.addr, dir.path());
+    for receipt in &receipts {
+        let id = receipt["receipt_id"].as_str().expect("an id");
+        let receipt_path = write(dir.path(), &format!("{id}.json"), &receipt.to_string());
+        let (status, proof) = get_text(
+            &service.addr,
+            Some(&token),
+            &format!("/v1/receipts/{id}/proof"),
+        );
+        assert_eq!(status, 200, "{proof}");
+        assert!(proof.starts_with("c2sp.org/tlog-proof@v1\nindex "), "{proof}");
+        let proof_path = write(dir.path(), &format!("{id}.tlog-proof"), &proof);
+        let (code, said) = verify(&receipt_path, &keys, Some(&proof_path));
+        assert_eq!(code, 0, "{said}");
+        assert!(said.contains("signature by plan-intake+"), "{said}");
+        independent_check(&["inclusion", arg(&receipt_path), arg(&proof_path)]);
+    }
+    // Read back by id, the receipt verifies too (same signature, no outcome).
+    let id = receipts[0]["receipt_id"].as_str().expect("an id");
+    let (_, read) = get_text(&service.addr, Some(&token), &format!("/v1/receipts/{id}"));
+    let read_path = write(dir.path(), "read.json", &read);
+    assert_eq!(verify(&read_path, &keys, None).0, 0);
+
+    // A changed receipt, a changed proof and an unknown key are refused (65).
+    let mut changed = receipts[1].clone();
+    changed["run_id"] = Value::from("run-99");
+    let changed_path = write(dir.path(), "changed.json", &changed.to_string());
+    let (code, said) = verify(&changed_path, &keys, None);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("does not match the receipt"), "{said}");
+    let id1 = receipts[1]["receipt_id"].as_str().expect("an id");
+    let (_, proof) = get_text(&service.addr, Some(&token), &format!("/v1/receipts/{id1}/proof"));
+    let original = write(dir.path(), "r1.json", &receipts[1].to_string());
+    let moved = proof.replacen("index 1\n", "index 2\n", 1);
+    let moved_path = write(dir.path(), "moved.tlog-proof", &moved);
+    let (code, said) = verify(&original, &keys, Some(&moved_path));
+    assert_eq!(code, 65, "{said}");
+    let other_key = generate_key(dir.path(), "stranger");
+    let strangers = PathBuf::from(format!("{}.pub", other_key.display()));
+    let (code, said) = verify(&original, &strangers, None);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("not among the trusted keys"), "{said}");
+
+    // The log grows; the newer checkpoint extends the first (consistency
+    // proof from the service, checked independently), and the audit holds.
+    submit(&service.addr, &token, "later", 6);
+    let second = checkpoint_of_at_least(&service.addr, 13);
+    let second_path = write(dir.path(), "second.checkpoint", &second);
+    let (status, consistency) = get_text(
+        &service.addr,
+        None,
+        &format!(
+            "/v1/checkpoint/consistency?old={}&new={}",
+            checkpoint_size(&first),
+            checkpoint_size(&second)
+        ),
+    );
+    assert_eq!(status, 200, "{consistency}");
+    let consistency_path = write(dir.path(), "consistency", &consistency);
+    independent_check(&[
+        "consistency",
+        arg(&first_path),
+        arg(&second_path),
+        arg(&consistency_path),
+    ]);
+    let (code, said) = audit(&db.url, &keys, &[&first_path]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("13 plans, 13 leaves"), "{said}");
+    drop(service);
+}
+
+/// Runs `sql` on the scratch database, around the service.
+fn tamper(db: &TestDb, sql: &str) {
+    let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    crate::support::execute_batch(&mut conn, sql);
+}
+
+fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let receipts = submit(&service.addr, &token, "run", 6);
+    let logged = checkpoint_of_at_least(&service.addr, 6);
+    let keys = signing_keys_file(&service.addr, dir.path());
+    service.terminate();
+    assert_eq!(audit(&db.url, &keys, &[]).0, 0);
+    let id = |i: usize| receipts[i]["receipt_id"].as_str().expect("an id").to_owned();
+
+    // A checkpoint signed with the service's own key for another tree
+    // (say, a restored backup that went another way) is not an extension.
+    let signer = plan_intake::intake::signing::SigningKey::from_private(
+        &std::fs::read_to_string(&key).expect("key"),
+    )
+    .expect("the key");
+    let forged = plan_intake::intake::receipt_log::checkpoint_note(
+        &signer,
+        "plan-intake",
+        7,
+        tlog_tiles::record_hash(b"another tree"),
+    )
+    .expect("signed");
+    let forged_path = write(dir.path(), "forged.checkpoint", &forged);
+    let logged_path = write(dir.path(), "logged.checkpoint", &logged);
+    let (code, said) = audit(&db.url, &keys, &[&logged_path, &forged_path]);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("signed for 7 leaves, but the log has 6"), "{said}");
+    assert!(said.contains("not an extension of"), "{said}");
+
+    // An edited plan, a removed receipt, a feed reordered: each named.
+    // Moved to the feed's end: SQLite orders the feed by id (its key rows
+    // follow it), Postgres by feed_xid.
+    let (order_column, keys_follow) = match db.backend {
+        plan_intake::storage::Backend::Postgres => ("feed_xid", String::new()),
+        plan_intake::storage::Backend::Sqlite => (
+            "id",
+            format!(
+                "PRAGMA foreign_keys = OFF; UPDATE intake_keys SET plan_id = plan_id + 1000000
+                  WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{}');",
+                id(0)
+            ),
+        ),
+    };
+    tamper(
+        &db,
+        &format!(
+            "{keys_follow}
+             UPDATE plans SET content = '{{\"run\":\"edited\"}}' WHERE receipt_id = '{}';
+             DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{}');
+             DELETE FROM plans WHERE receipt_id = '{}';
+             UPDATE plans SET {order_column} = {order_column} + 1000000 WHERE receipt_id = '{}';",
+            id(1),
+            id(3),
+            id(3),
+            id(0),
+        ),
+    );
+    let (code, said) = audit(&db.url, &keys, &[&logged_path]);
+    assert_eq!(code, 65, "{said}");
+    let lines: Vec<&str> = said.lines().collect();
+    let names = |needle: &str, receipt: &str| {
+        lines
+            .iter()
+            .any(|l| l.contains(needle) && l.contains(receipt))
+    };
+    assert!(names("content or approved inputs were changed", &id(1)), "{said}");
+    assert!(names("removed from the plans table", &id(3)), "{said}");
+    assert!(names("out of feed order", ""), "{said}");
+    assert!(said.contains("finding(s)"), "{said}");
+}
+
+fn a_rotated_key_keeps_old_receipts_verifiable(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let old_key = generate_key(dir.path(), "old");
+    let new_key = generate_key(dir.path(), "new");
+    let service = serve_signed(&db.url, &[&old_key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let before = submit(&service.addr, &token, "before", 3);
+    checkpoint_of_at_least(&service.addr, 3);
+    service.terminate();
+
+    // The new key signs; the old one stays published.
+    let service = serve_signed(&db.url, &[&new_key, &old_key]);
+    let after = submit(&service.addr, &token, "after", 3);
+    checkpoint_of_at_least(&service.addr, 6);
+    let old_id = before[0]["signature"]["key_id"].as_str().expect("key id");
+    let new_id = after[0]["signature"]["key_id"].as_str().expect("key id");
+    assert_ne!(old_id, new_id);
+    let (_, replayed) =
+        post_plan(&client(), &service.addr, &token, "key-before-0", &body("before-0")).expect("answer");
+    assert_eq!(replayed["signature"], before[0]["signature"], "a replay keeps its signature");
+
+    let (_, published) = get_text(&service.addr, None, "/v1/signing-keys");
+    let published: Value = serde_json::from_str(&published).expect("json");
+    assert_eq!(published["signing_now"], Value::from(new_id));
+    let ids: Vec<&str> = published["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .filter_map(|k| k["key_id"].as_str())
+        .collect();
+    assert!(ids.contains(&old_id) && ids.contains(&new_id), "{published}");
+    let keys = signing_keys_file(&service.addr, dir.path());
+    for receipt in before.iter().chain(&after) {
+        let path = write(dir.path(), "receipt.json", &receipt.to_string());
+        let (code, said) = verify(&path, &keys, None);
+        assert_eq!(code, 0, "{said}");
+    }
+    let (code, said) = audit(&db.url, &keys, &[]);
+    assert_eq!(code, 0, "{said}");
+    drop(service);
+}
+
+fn two_instances_appending_under_load_leave_one_consistent_tree(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let one = serve_signed(&db.url, &[&key]);
+    let two = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let addrs = [one.addr.clone(), two.addr.clone()];
+    let load = Load::start(8, &token, |client| addrs[client % 2].clone());
+    load.wait_for_created(300);
+    let sent = load.stop();
+    let created = sent.iter().filter(|s| s.status() == Some(201)).count() as u64;
+    let last = checkpoint_of_at_least(&one.addr, created);
+    assert_eq!(checkpoint_of_at_least(&two.addr, created), last);
+    let keys = signing_keys_file(&one.addr, dir.path());
+    let (code, said) = audit(&db.url, &keys, &[]);
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains(&format!("{created} plans, {created} leaves")),
+        "{said}"
+    );
+    drop((one, two));
+}
+
+fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &token, "before", 3);
+    let before = checkpoint_of_at_least(&service.addr, 3);
+    let before_path = write(dir.path(), "before.checkpoint", &before);
+    let keys = signing_keys_file(&service.addr, dir.path());
+    service.terminate();
+
+    // An appender that stops once its append reaches 7 leaves, written but
+    // not committed, is killed there (rounds below 7 commit as usual).
+    let stalled = ServeProcess::start_env(
+        &db.url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(&key)],
+        &[("PLAN_INTAKE_TEST_STALL_APPEND", "7")],
+    );
+    submit(&stalled.addr, &token, "during", 4);
+    let start = Instant::now();
+    while !stalled
+        .log
+        .lock()
+        .expect("log")
+        .iter()
+        .any(|l| l.contains("append to 7 leaves written, not committed"))
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "the appender never stalled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stalled.kill_9();
+    let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    let committed = crate::support::count_rows(&mut conn, "receipt_log");
+    assert!((3..7).contains(&committed), "{committed} leaves committed");
+    drop(conn);
+
+    // The next appender resumes from the committed tree: one tree, the
+    // checkpoint from before the kill extended, nothing forked.
+    let service = serve_signed(&db.url, &[&key]);
+    let after = checkpoint_of_at_least(&service.addr, 7);
+    assert_eq!(checkpoint_size(&after), 7);
+    let after_path = write(dir.path(), "after.checkpoint", &after);
+    let (_, consistency) = get_text(&service.addr, None, "/v1/checkpoint/consistency?old=3&new=7");
+    let consistency_path = write(dir.path(), "consistency", &consistency);
+    independent_check(&[
+        "consistency",
+        arg(&before_path),
+        arg(&after_path),
+        arg(&consistency_path),
+    ]);
+    let (code, said) = audit(&db.url, &keys, &[&before_path, &after_path]);
+    assert_eq!(code, 0, "{said}");
+    drop(service);
+}
+
+fn without_a_key_receipts_are_unsigned_and_no_log_is_kept(db: TestDb) {
+    let service = ServeProcess::start(&db.url);
+    assert!(
+        service
+            .log
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains("receipts are not signed")),
+        "the start does not say so"
+    );
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let receipt = &submit(&service.addr, &token, "run", 1)[0];
+    assert!(receipt.get("signature").is_none(), "{receipt}");
+    let (status, ready) = get_text(&service.addr, None, "/readyz");
+    assert_eq!(status, 200);
+    assert!(ready.contains(r#""receipts_signed":false"#), "{ready}");
+    let (status, problem) = get_text(&service.addr, None, "/v1/checkpoint");
+    assert_eq!(status, 404, "{problem}");
+    assert!(problem.contains("not-logged-yet"), "{problem}");
+    drop(service);
+}
