@@ -43,8 +43,12 @@ pub fn load_key_file(path: &Path) -> Result<Arc<SigningKey>, EvidenceError> {
 
 /// Reads a signing key from the environment variable `name`.
 pub fn load_key_env(name: &str) -> Result<Arc<SigningKey>, EvidenceError> {
-    let text = std::env::var(name)
-        .map_err(|_| fail(1, format!("the environment variable {name} holds no signing key")))?;
+    let text = std::env::var(name).map_err(|_| {
+        fail(
+            1,
+            format!("the environment variable {name} holds no signing key"),
+        )
+    })?;
     SigningKey::from_private(&text)
         .map(Arc::new)
         .map_err(|e| fail(1, format!("signing key in {name}: {e}")))
@@ -100,11 +104,7 @@ fn trusted_keys(path: &Path) -> Result<TrustedKeys, EvidenceError> {
 }
 
 /// `receipts verify`: the line to print when everything holds.
-pub fn verify(
-    receipt: &Path,
-    keys: &Path,
-    proof: Option<&Path>,
-) -> Result<String, EvidenceError> {
+pub fn verify(receipt: &Path, keys: &Path, proof: Option<&Path>) -> Result<String, EvidenceError> {
     let keys = trusted_keys(keys)?;
     let text = read(receipt, "the receipt")?;
     let proof_text = proof.map(|p| read(p, "the proof")).transpose()?;
@@ -137,7 +137,10 @@ pub fn audit(
     let keys = trusted_keys(keys).map_err(no_lines)?;
     let mut extra = Vec::new();
     for path in checkpoints {
-        extra.push((path.display().to_string(), read(path, "the checkpoint").map_err(no_lines)?));
+        extra.push((
+            path.display().to_string(),
+            read(path, "the checkpoint").map_err(no_lines)?,
+        ));
     }
     let options = PoolOptions {
         max_size: 1,

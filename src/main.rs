@@ -16,10 +16,10 @@ use plan_intake::config::{
     DEFAULT_FEED_PAGE_BYTES, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN,
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
 };
+use plan_intake::evidence;
 use plan_intake::intake::login::{self as logins, LoginError};
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
-use plan_intake::evidence;
 use plan_intake::serve::{self, ServeError};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,

@@ -43,7 +43,9 @@ pub async fn checkpoint(
     let note = state
         .blocking(deadline, move |intake| intake.checkpoint(&deadline))
         .await?
-        .ok_or(ApiError::NotLoggedYet("the receipt log has no checkpoint yet"))?;
+        .ok_or(ApiError::NotLoggedYet(
+            "the receipt log has no checkpoint yet",
+        ))?;
     Ok(HttpResponse::Ok().content_type(TEXT).body(note))
 }
 

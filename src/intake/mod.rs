@@ -349,8 +349,10 @@ impl Intake {
         origin: &str,
         limit: i64,
         signed: Option<(u64, tlog_tiles::Hash)>,
-    ) -> Result<Option<crate::storage::receipt_log::Appended>, Box<dyn std::error::Error + Send + Sync>>
-    {
+    ) -> Result<
+        Option<crate::storage::receipt_log::Appended>,
+        Box<dyn std::error::Error + Send + Sync>,
+    > {
         let Some(key) = self.signing_key() else {
             return Ok(None);
         };
@@ -380,7 +382,11 @@ impl Intake {
 
     /// Keeps `key` published though this instance does not sign with it
     /// (an older key, kept for rotation).
-    pub fn publish_key(&self, key: &signing::SigningKey, deadline: &Deadline) -> Result<(), ReadError> {
+    pub fn publish_key(
+        &self,
+        key: &signing::SigningKey,
+        deadline: &Deadline,
+    ) -> Result<(), ReadError> {
         let now = submit::now_micros();
         self.db.read(deadline, |conn| {
             crate::storage::receipt_log::publish_key(conn, key.key_id(), key.verifier_key(), now)
@@ -397,12 +403,14 @@ impl Intake {
             signing_now: self.signing_key().map(|k| k.key_id().to_owned()),
             keys: rows
                 .into_iter()
-                .map(|(key_id, verifier_key, first, last)| signing::PublishedKey {
-                    key_id,
-                    verifier_key,
-                    first_used_at: receipt::format_timestamp(&first),
-                    last_used_at: receipt::format_timestamp(&last),
-                })
+                .map(
+                    |(key_id, verifier_key, first, last)| signing::PublishedKey {
+                        key_id,
+                        verifier_key,
+                        first_used_at: receipt::format_timestamp(&first),
+                        last_used_at: receipt::format_timestamp(&last),
+                    },
+                )
                 .collect(),
         })
     }

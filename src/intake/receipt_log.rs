@@ -317,7 +317,11 @@ pub fn audit(
     let named = stored
         .iter()
         .map(|c| (format!("checkpoint {}", c.tree_size), c.note.clone()))
-        .chain(extra.iter().map(|(name, note)| (format!("checkpoint {name}"), note.clone())));
+        .chain(
+            extra
+                .iter()
+                .map(|(name, note)| (format!("checkpoint {name}"), note.clone())),
+        );
     for (name, note) in named {
         match verify_checkpoint(&note, keys) {
             Err(e) => findings.push(format!("{name}: {e}")),
@@ -345,12 +349,9 @@ pub fn audit(
             old.root == new.root
         } else {
             tree.size() >= new.size
-                && tree
-                    .consistency(new.size, old.size)
-                    .is_some_and(|proof| {
-                        tlog_tiles::check_tree(&proof, new.size, new.root, old.size, old.root)
-                            .is_ok()
-                    })
+                && tree.consistency(new.size, old.size).is_some_and(|proof| {
+                    tlog_tiles::check_tree(&proof, new.size, new.root, old.size, old.root).is_ok()
+                })
         };
         if !consistent {
             findings.push(format!(
@@ -455,15 +456,24 @@ mod tests {
         let note = checkpoint_note(&key, "plan-intake.test/log", 8, tree.root(8).expect("root"))
             .expect("signed");
         let checkpoint = verify_checkpoint(&note, &keys).expect("verifies");
-        assert_eq!((checkpoint.size, checkpoint.origin.as_str()), (8, "plan-intake.test/log"));
+        assert_eq!(
+            (checkpoint.size, checkpoint.origin.as_str()),
+            (8, "plan-intake.test/log")
+        );
         for index in 0..8u64 {
             let proof = tlog_tiles::prove_record(8, index, &tree).expect("proof");
             let text = proof_text(index, &proof, &note);
             let parsed = parse_proof(&text).expect("parses");
             assert_eq!((parsed.index, parsed.hashes.len()), (index, proof.len()));
             assert!(
-                tlog_tiles::check_record(&parsed.hashes, 8, checkpoint.root, index, leaves[index as usize])
-                    .is_ok()
+                tlog_tiles::check_record(
+                    &parsed.hashes,
+                    8,
+                    checkpoint.root,
+                    index,
+                    leaves[index as usize]
+                )
+                .is_ok()
             );
         }
     }

@@ -128,10 +128,7 @@ impl SigningKey {
     /// `receipt`'s signature (deterministic: Ed25519 signs the same bytes
     /// alike every time).
     pub fn sign(&self, receipt: &Receipt) -> ReceiptSignature {
-        let signature = self
-            .signer
-            .sign(&signed_form(receipt))
-            .unwrap_or_default();
+        let signature = self.signer.sign(&signed_form(receipt)).unwrap_or_default();
         ReceiptSignature {
             key_id: self.key_id.clone(),
             ed25519: BASE64.encode(signature),
@@ -198,7 +195,10 @@ impl TrustedKeys {
         for vkey in vkeys {
             let verifier = StandardVerifier::new(&vkey)
                 .map_err(|e| KeyError::MalformedPublic(format!("{e}: {vkey}")))?;
-            keys.push((format!("{}+{:08x}", verifier.name(), verifier.key_id()), vkey));
+            keys.push((
+                format!("{}+{:08x}", verifier.name(), verifier.key_id()),
+                vkey,
+            ));
         }
         Ok(Self { keys })
     }
@@ -312,11 +312,19 @@ mod tests {
         assert_eq!(again.verifier_key(), key.verifier_key());
         let mut signed = receipt();
         signed.signature = Some(key.sign(&signed));
-        assert_eq!(signed.signature, Some(again.sign(&receipt())), "deterministic");
+        assert_eq!(
+            signed.signature,
+            Some(again.sign(&receipt())),
+            "deterministic"
+        );
         let keys = TrustedKeys::parse(key.verifier_key()).expect("keys");
         assert_eq!(verify_receipt(&signed, &keys), Ok(()));
         signed.outcome = Some("replayed");
-        assert_eq!(verify_receipt(&signed, &keys), Ok(()), "outcome is not signed");
+        assert_eq!(
+            verify_receipt(&signed, &keys),
+            Ok(()),
+            "outcome is not signed"
+        );
         signed.run_id = "run-e".to_owned();
         assert!(matches!(
             verify_receipt(&signed, &keys),

@@ -12,8 +12,8 @@ pub mod logins;
 pub mod migrations;
 pub mod pg_batch;
 pub mod plans;
-pub mod receipt_log;
 mod pool;
+pub mod receipt_log;
 mod replication;
 mod scratch;
 

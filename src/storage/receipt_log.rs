@@ -39,7 +39,9 @@ pub struct CheckpointRow {
 
 impl CheckpointRow {
     pub fn root(&self) -> Option<Hash> {
-        <[u8; 32]>::try_from(self.root_hash.as_slice()).ok().map(Hash)
+        <[u8; 32]>::try_from(self.root_hash.as_slice())
+            .ok()
+            .map(Hash)
     }
 }
 
@@ -134,7 +136,12 @@ impl HashReader for StoredHashes<'_> {
         }
         indexes
             .iter()
-            .map(|i| known.get(i).copied().ok_or(tlog_tiles::Error::IndexesNotInTree))
+            .map(|i| {
+                known
+                    .get(i)
+                    .copied()
+                    .ok_or(tlog_tiles::Error::IndexesNotInTree)
+            })
             .collect()
     }
 }
@@ -184,16 +191,15 @@ pub fn append(
             leaves.push((to_i64(n), row.receipt_id.clone(), hashes[0].0.to_vec()));
         }
         let to = from + rows.len() as u64;
-        let root = tlog_tiles::tree_hash(to, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+        let root =
+            tlog_tiles::tree_hash(to, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
         let stored_signed = last_checkpoint
             .as_ref()
             .and_then(|c| Some((u64::try_from(c.tree_size).ok()?, c.root()?)));
         for (size, signed_root) in [stored_signed, signed].into_iter().flatten() {
             extends(&tree, to, root, size, signed_root)?;
         }
-        let note = writer
-            .checkpoint(to, root)
-            .map_err(AppendError::Signing)?;
+        let note = writer.checkpoint(to, root).map_err(AppendError::Signing)?;
         drop(tree);
         with_conn!(conn, c => {
             for chunk in leaves.chunks(1000) {
@@ -305,9 +311,8 @@ fn extends(
     if signed == 0 {
         return Ok(());
     }
-    let proof = tlog_tiles::prove_tree(size, signed, tree).map_err(|_| {
-        AppendError::Inconsistent { size, signed }
-    })?;
+    let proof = tlog_tiles::prove_tree(size, signed, tree)
+        .map_err(|_| AppendError::Inconsistent { size, signed })?;
     tlog_tiles::check_tree(&proof, size, root, signed, signed_root).map_err(|_| inconsistent)
 }
 

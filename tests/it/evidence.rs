@@ -28,8 +28,15 @@ on_both_backends_sync!(
 fn generate_key(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
     let path = out.to_str().expect("utf-8 path");
-    let made = run_cli_at("sqlite://unused.db", &["signing-keys", "generate", "--out", path]);
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let made = run_cli_at(
+        "sqlite://unused.db",
+        &["signing-keys", "generate", "--out", path],
+    );
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let private = std::fs::read_to_string(&out).expect("private key");
     assert!(private.starts_with("PRIVATE+KEY+plan-intake+"));
     let public = std::fs::read_to_string(format!("{path}.pub")).expect("public key");
@@ -57,7 +64,10 @@ fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
         Err(ureq::Error::Status(_, response)) => response,
         Err(e) => panic!("GET {path}: {e}"),
     };
-    (response.status(), response.into_string().expect("text body"))
+    (
+        response.status(),
+        response.into_string().expect("text body"),
+    )
 }
 
 /// The newest checkpoint once it holds at least `size` leaves (within 30 s).
@@ -176,9 +186,18 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
     let first_path = write(dir.path(), "first.checkpoint", &first);
 
     // A replay answers the signature the plan was first answered with.
-    let (status, replayed) =
-        post_plan(&client(), &service.addr, &token, "key-run-3", &body("run-3")).expect("answer");
-    assert_eq!((status, &replayed["outcome"]), (200, &Value::from("replayed")));
+    let (status, replayed) = post_plan(
+        &client(),
+        &service.addr,
+        &token,
+        "key-run-3",
+        &body("run-3"),
+    )
+    .expect("answer");
+    assert_eq!(
+        (status, &replayed["outcome"]),
+        (200, &Value::from("replayed"))
+    );
     assert_eq!(replayed["signature"], receipts[3]["signature"]);
     assert!(receipts[3]["signature"]["ed25519"].is_string());
 
@@ -192,7 +211,10 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
             &format!("/v1/receipts/{id}/proof"),
         );
         assert_eq!(status, 200, "{proof}");
-        assert!(proof.starts_with("c2sp.org/tlog-proof@v1\nindex "), "{proof}");
+        assert!(
+            proof.starts_with("c2sp.org/tlog-proof@v1\nindex "),
+            "{proof}"
+        );
         let proof_path = write(dir.path(), &format!("{id}.tlog-proof"), &proof);
         let (code, said) = verify(&receipt_path, &keys, Some(&proof_path));
         assert_eq!(code, 0, "{said}");
@@ -213,7 +235,11 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
     assert_eq!(code, 65, "{said}");
     assert!(said.contains("does not match the receipt"), "{said}");
     let id1 = receipts[1]["receipt_id"].as_str().expect("an id");
-    let (_, proof) = get_text(&service.addr, Some(&token), &format!("/v1/receipts/{id1}/proof"));
+    let (_, proof) = get_text(
+        &service.addr,
+        Some(&token),
+        &format!("/v1/receipts/{id1}/proof"),
+    );
     let original = write(dir.path(), "r1.json", &receipts[1].to_string());
     let moved = proof.replacen("index 1\n", "index 2\n", 1);
     let moved_path = write(dir.path(), "moved.tlog-proof", &moved);
@@ -270,7 +296,12 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
     let keys = signing_keys_file(&service.addr, dir.path());
     service.terminate();
     assert_eq!(audit(&db.url, &keys, &[]).0, 0);
-    let id = |i: usize| receipts[i]["receipt_id"].as_str().expect("an id").to_owned();
+    let id = |i: usize| {
+        receipts[i]["receipt_id"]
+            .as_str()
+            .expect("an id")
+            .to_owned()
+    };
 
     // A checkpoint signed with the service's own key for another tree
     // (say, a restored backup that went another way) is not an extension.
@@ -289,7 +320,10 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
     let logged_path = write(dir.path(), "logged.checkpoint", &logged);
     let (code, said) = audit(&db.url, &keys, &[&logged_path, &forged_path]);
     assert_eq!(code, 65, "{said}");
-    assert!(said.contains("signed for 7 leaves, but the log has 6"), "{said}");
+    assert!(
+        said.contains("signed for 7 leaves, but the log has 6"),
+        "{said}"
+    );
     assert!(said.contains("not an extension of"), "{said}");
 
     // An edited plan, a removed receipt, a feed reordered: each named.
@@ -328,7 +362,10 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
             .iter()
             .any(|l| l.contains(needle) && l.contains(receipt))
     };
-    assert!(names("content or approved inputs were changed", &id(1)), "{said}");
+    assert!(
+        names("content or approved inputs were changed", &id(1)),
+        "{said}"
+    );
     assert!(names("removed from the plans table", &id(3)), "{said}");
     assert!(names("out of feed order", ""), "{said}");
     assert!(said.contains("finding(s)"), "{said}");
@@ -351,9 +388,18 @@ fn a_rotated_key_keeps_old_receipts_verifiable(db: TestDb) {
     let old_id = before[0]["signature"]["key_id"].as_str().expect("key id");
     let new_id = after[0]["signature"]["key_id"].as_str().expect("key id");
     assert_ne!(old_id, new_id);
-    let (_, replayed) =
-        post_plan(&client(), &service.addr, &token, "key-before-0", &body("before-0")).expect("answer");
-    assert_eq!(replayed["signature"], before[0]["signature"], "a replay keeps its signature");
+    let (_, replayed) = post_plan(
+        &client(),
+        &service.addr,
+        &token,
+        "key-before-0",
+        &body("before-0"),
+    )
+    .expect("answer");
+    assert_eq!(
+        replayed["signature"], before[0]["signature"],
+        "a replay keeps its signature"
+    );
 
     let (_, published) = get_text(&service.addr, None, "/v1/signing-keys");
     let published: Value = serde_json::from_str(&published).expect("json");
@@ -364,7 +410,10 @@ fn a_rotated_key_keeps_old_receipts_verifiable(db: TestDb) {
         .iter()
         .filter_map(|k| k["key_id"].as_str())
         .collect();
-    assert!(ids.contains(&old_id) && ids.contains(&new_id), "{published}");
+    assert!(
+        ids.contains(&old_id) && ids.contains(&new_id),
+        "{published}"
+    );
     let keys = signing_keys_file(&service.addr, dir.path());
     for receipt in before.iter().chain(&after) {
         let path = write(dir.path(), "receipt.json", &receipt.to_string());
@@ -427,7 +476,10 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
         .iter()
         .any(|l| l.contains("append to 7 leaves written, not committed"))
     {
-        assert!(start.elapsed() < Duration::from_secs(30), "the appender never stalled");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the appender never stalled"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     stalled.kill_9();
@@ -443,7 +495,11 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
     let after = checkpoint_of_at_least(&service.addr, 7);
     assert_eq!(checkpoint_size(&after), 7);
     let after_path = write(dir.path(), "after.checkpoint", &after);
-    let (_, consistency) = get_text(&service.addr, None, "/v1/checkpoint/consistency?old=3&new=7");
+    let (_, consistency) = get_text(
+        &service.addr,
+        None,
+        "/v1/checkpoint/consistency?old=3&new=7",
+    );
     let consistency_path = write(dir.path(), "consistency", &consistency);
     independent_check(&[
         "consistency",
