@@ -78,7 +78,7 @@ diesel::table! {
 
 diesel::table! {
     receipt_log_state (id) {
-        id -> Integer,
+        id -> BigInt,
         tree_size -> BigInt,
         after_feed_xid -> BigInt,
         after_plan_id -> BigInt,

@@ -658,6 +658,28 @@ fn bench_backend(
         table.add(scenario, run, Some(http.rss_mib), Some(cpu));
         table.batch(batch);
     }
+    let evidence = evidence_on_and_off(backend, options, pool_size);
+    println!(
+        "{backend}: evidence: new plans with receipts signed and logged run at {:.3} x the same service without (each on a fresh database, {EVIDENCE_ROUNDS} alternating rounds); the log covers an acknowledged plan after p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} plans; it caught up {:.1} s after the load stopped)",
+        evidence.on.rate() / evidence.off.rate(),
+        ms(evidence.lag.percentile(0.5)).unwrap_or(f64::NAN),
+        ms(evidence.lag.percentile(0.99)).unwrap_or(f64::NAN),
+        ms(evidence.lag.percentile(1.0)).unwrap_or(f64::NAN),
+        evidence.lag.latencies.len(),
+        evidence.caught_up_after.as_secs_f64(),
+    );
+    table.add(
+        "new plans, unsigned (own database, rounds alternating with the next row)",
+        evidence.off,
+        None,
+        Some(evidence.off_cpu),
+    );
+    table.add(
+        "new plans, receipts signed and logged (own database)",
+        evidence.on,
+        None,
+        Some(evidence.on_cpu),
+    );
     // Many more clients than the pool has connections, spread over 16
     // logins so that no login's share (16 in flight) turns them away.
     let tokens: Vec<String> = (0..16)
@@ -939,6 +961,19 @@ fn new_plans_from(
     body: &(dyn Fn(&str) -> String + Sync),
     duration: Duration,
 ) -> (Run, (f64, f64), u64) {
+    new_plans_logged(service, tokens, clients, tag, body, duration, None)
+}
+
+/// [`new_plans_from`], adding when each 201 arrived to `completed`.
+fn new_plans_logged(
+    service: &Service,
+    tokens: &[String],
+    clients: usize,
+    tag: &str,
+    body: &(dyn Fn(&str) -> String + Sync),
+    duration: Duration,
+    completed: Option<&std::sync::Mutex<Vec<Instant>>>,
+) -> (Run, (f64, f64), u64) {
     let mark = (service.cpu_seconds(), cpu_seconds_of("self"));
     let stop = AtomicBool::new(false);
     let (run, refused) = thread::scope(|scope| {
@@ -950,17 +985,24 @@ fn new_plans_from(
                 scope.spawn(move || {
                     let agent = http_client(c);
                     let mut latencies = Vec::new();
+                    let mut done_at = Vec::new();
                     let (mut errors, mut refused) = (0, 0);
                     let mut s = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let key = format!("{tag}-{c}-{s}");
                         let begun = Instant::now();
                         match post_status(&agent, &service.addr, token, &key, &body(&key)) {
-                            Some(201) => latencies.push(begun.elapsed()),
+                            Some(201) => {
+                                latencies.push(begun.elapsed());
+                                done_at.push(Instant::now());
+                            }
                             Some(429 | 503) => refused += 1,
                             _ => errors += 1,
                         }
                         s += 1;
+                    }
+                    if let Some(completed) = completed {
+                        completed.lock().expect("completions").extend(done_at);
                     }
                     (latencies, errors, refused)
                 })
@@ -990,6 +1032,160 @@ fn new_plans_from(
         per(cpu_seconds_of("self") - mark.1),
     );
     (run, cpu, refused)
+}
+
+/// Rounds of each in the signing comparison, alternating.
+const EVIDENCE_ROUNDS: u32 = 4;
+
+/// New plans with receipts signed and logged, and without.
+struct Evidence {
+    off: Run,
+    off_cpu: (f64, f64),
+    on: Run,
+    on_cpu: (f64, f64),
+    /// From each acknowledged plan (signed service) to the first
+    /// checkpoint that covers it, as sampled every 50 ms.
+    lag: Run,
+    /// From the load's end until the log covered every plan.
+    caught_up_after: Duration,
+}
+
+/// The service with a signing key (receipts signed, the log appended)
+/// against the same service without, each on a fresh database of its own
+/// so neither table is larger, in alternating rounds so a drift of the
+/// host falls on both; and, while the signed one is loaded, how long after
+/// a plan's 201 a signed checkpoint covers it. The log appends in feed
+/// order, which is commit order here, so the k-th acknowledged plan is
+/// taken to be covered once a checkpoint has k leaves.
+fn evidence_on_and_off(backend: &str, options: &Options, pool_size: u32) -> Evidence {
+    let (off_url, off_cleanup) = fresh_database(backend, options);
+    let (on_url, on_cleanup) = fresh_database(backend, options);
+    let key_dir = tempfile::tempdir().expect("temp dir");
+    let key = key_dir.path().join("bench.key");
+    let made = Command::new(BIN)
+        .args(["signing-keys", "generate", "--out"])
+        .arg(&key)
+        .output()
+        .expect("generate a key");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let login = |url: &str| {
+        let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Apply)
+            .expect("open the database");
+        add_login(&db, "bench", Permission::PlansSubmit)
+    };
+    let (off_token, on_token) = ([login(&off_url)], [login(&on_url)]);
+    let off = Service::start(&off_url, pool_size);
+    let on = Service::start_with(
+        &on_url,
+        pool_size,
+        &["--signing-key", key.to_str().expect("utf-8 path")],
+    );
+    let round = options.duration / EVIDENCE_ROUNDS;
+    let completed = std::sync::Mutex::new(Vec::new());
+    let samples = std::sync::Mutex::new(Vec::<(Instant, u64)>::new());
+    let checkpoint_size = |addr: &str| -> u64 {
+        ureq::get(&format!("http://{addr}/v1/checkpoint"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .and_then(|note| note.lines().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let (mut offs, mut ons) = (Vec::new(), Vec::new());
+    let sampling = AtomicBool::new(true);
+    let load_ended = thread::scope(|scope| {
+        scope.spawn(|| {
+            while sampling.load(Ordering::Relaxed) {
+                let size = checkpoint_size(&on.addr);
+                samples
+                    .lock()
+                    .expect("samples")
+                    .push((Instant::now(), size));
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        for r in 0..EVIDENCE_ROUNDS {
+            let (run, cpu, refused) = new_plans_from(
+                &off,
+                &off_token,
+                options.concurrency,
+                &format!("ev-off-{r}"),
+                &body,
+                round,
+            );
+            offs.push((run, cpu, refused));
+            let (run, cpu, refused) = new_plans_logged(
+                &on,
+                &on_token,
+                options.concurrency,
+                &format!("ev-on-{r}"),
+                &body,
+                round,
+                Some(&completed),
+            );
+            ons.push((run, cpu, refused));
+        }
+        let ended = Instant::now();
+        let created = completed.lock().expect("completions").len() as u64;
+        while checkpoint_size(&on.addr) < created && ended.elapsed() < Duration::from_secs(60) {
+            thread::sleep(Duration::from_millis(50));
+        }
+        let caught_up = ended.elapsed();
+        samples
+            .lock()
+            .expect("samples")
+            .push((Instant::now(), checkpoint_size(&on.addr)));
+        sampling.store(false, Ordering::Relaxed);
+        caught_up
+    });
+    let together = |runs: Vec<(Run, (f64, f64), u64)>| {
+        let n = runs.len().max(1) as f64;
+        let cpu = runs
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (_, c, _)| (a + c.0 / n, b + c.1 / n));
+        let run = Run {
+            errors: runs.iter().map(|(r, _, refused)| r.errors + refused).sum(),
+            elapsed: runs.iter().map(|(r, _, _)| r.elapsed).sum(),
+            latencies: runs.into_iter().flat_map(|(r, _, _)| r.latencies).collect(),
+            counted: None,
+        };
+        (run, cpu)
+    };
+    let mut completed = completed.into_inner().expect("completions");
+    completed.sort();
+    let samples = samples.into_inner().expect("samples");
+    let mut lag = Vec::with_capacity(completed.len());
+    let mut sample = 0;
+    for (k, done) in completed.iter().enumerate() {
+        while sample < samples.len() && samples[sample].1 < k as u64 + 1 {
+            sample += 1;
+        }
+        if let Some((covered_at, _)) = samples.get(sample) {
+            lag.push(covered_at.saturating_duration_since(*done));
+        }
+    }
+    let (off_run, off_cpu) = together(offs);
+    let (on_run, on_cpu) = together(ons);
+    drop((off, on));
+    off_cleanup();
+    on_cleanup();
+    Evidence {
+        lag: Run {
+            errors: (completed.len() - lag.len()) as u64,
+            elapsed: Duration::from_secs(1),
+            latencies: lag,
+            counted: None,
+        },
+        off: off_run,
+        off_cpu,
+        on: on_run,
+        on_cpu,
+        caught_up_after: load_ended,
+    }
 }
 
 /// Readers asking for the first 100 receipts of the feed, 4 at a time.

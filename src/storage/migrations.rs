@@ -270,7 +270,8 @@ pub fn revert_sql(conn: &mut DbConn) -> Result<Option<(String, String)>, Storage
     Ok(planned.into_iter().next())
 }
 
-/// The product's tables (`logins`, `plans`, `intake_keys`) that `sql`
+/// The product's tables (`logins`, `plans`, `intake_keys`, the receipt
+/// log's and `signing_keys`) that `sql`
 /// drops while they hold rows, with their row counts. (Bookkeeping such as
 /// `feed_bases` is recomputed, not kept.)
 pub fn tables_with_rows_dropped_by(
@@ -281,6 +282,8 @@ pub fn tables_with_rows_dropped_by(
     for table in dropped_tables(sql)
         .into_iter()
         .filter(|t| super::catalog::TABLES.contains(&t.as_str()))
+        // Its one row is always there; the log's rows are `receipt_log`'s.
+        .filter(|t| t != "receipt_log_state")
     {
         let query = format!("SELECT COUNT(*) AS n FROM {table}");
         let rows = with_conn!(conn, c => diesel::sql_query(&query).get_result::<Count>(c))?.n;
@@ -389,7 +392,10 @@ struct Statement {
 
 /// The `GRANT` statements that let `role` run the service and nothing more:
 /// read the schema's objects, add rows to `plans`, `intake_keys` and
-/// `feed_bases` (a new cluster's feed base), call the functions. Postgres only; names are quoted by the server.
+/// `feed_bases` (a new cluster's feed base), append to the receipt log
+/// (add its rows, move its one state row on; never change or delete a
+/// leaf, a hash or a checkpoint), record the signing keys' use, call the
+/// functions. Postgres only; names are quoted by the server.
 pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageError> {
     let DbConn::Postgres(pg) = conn else {
         return Err(no_roles());
@@ -401,6 +407,12 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
          SELECT format('GRANT SELECT ON TABLE %I.logins, %I.__diesel_schema_migrations TO %I;', s.name, s.name, $1) FROM s
          UNION ALL
          SELECT format('GRANT SELECT, INSERT ON TABLE %I.plans, %I.intake_keys, %I.feed_bases TO %I;', s.name, s.name, s.name, $1) FROM s
+         UNION ALL
+         SELECT format('GRANT SELECT, INSERT ON TABLE %I.receipt_log, %I.receipt_log_hashes, %I.receipt_log_checkpoints TO %I;', s.name, s.name, s.name, $1) FROM s
+         UNION ALL
+         SELECT format('GRANT SELECT, UPDATE ON TABLE %I.receipt_log_state TO %I;', s.name, $1) FROM s
+         UNION ALL
+         SELECT format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.signing_keys TO %I;', s.name, $1) FROM s
          UNION ALL
          SELECT format('GRANT USAGE, SELECT ON SEQUENCE %s, %s TO %I;',
                        pg_get_serial_sequence(format('%I.plans', s.name), 'id'),
@@ -414,7 +426,7 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
     .bind::<Text, _>(role)
     .load(pg)?;
     let statements: Vec<String> = statements.into_iter().map(|s| s.sql).collect();
-    if statements.len() < 5 || statements.iter().any(|s| s.contains("ON SEQUENCE  ")) {
+    if statements.len() < 8 || statements.iter().any(|s| s.contains("ON SEQUENCE  ")) {
         return Err(StorageError::Config(
             "the schema is not migrated yet: run `plan-intake migrate run` as its owner first"
                 .to_owned(),

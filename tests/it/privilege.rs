@@ -52,8 +52,18 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
     let grants = run_cli(&db, &["migrate", "grants", &role.0]);
     assert!(grants.status.success(), "{}", stderr(&grants));
     let statements = stdout(&grants);
+    // Rows are only added, but for the receipt log's one state row and
+    // the signing keys' times of use.
+    let updates: Vec<&str> = statements
+        .lines()
+        .filter(|l| l.contains("UPDATE"))
+        .collect();
     assert!(
-        !statements.contains("ALL") && !statements.contains("UPDATE"),
+        !statements.contains("ALL")
+            && !statements.contains("DELETE")
+            && updates.len() == 2
+            && updates[0].contains(".receipt_log_state TO")
+            && updates[1].contains(".signing_keys TO"),
         "{statements}"
     );
     admin
@@ -72,7 +82,12 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
 
     let as_service = db.url.replacen("postgres@", &format!("{}@", role.0), 1);
     assert_ne!(as_service, db.url);
-    let service = ServeProcess::start_with(&as_service, &["--no-migrate"]);
+    let keys = tempfile::tempdir().expect("temp dir");
+    let key = keys.path().join("k1");
+    let key = key.to_str().expect("utf-8 path");
+    let made = run_cli(&db, &["signing-keys", "generate", "--out", key]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    let service = ServeProcess::start_with(&as_service, &["--no-migrate", "--signing-key", key]);
     let agent = client();
     let addr = &service.addr;
     assert_eq!(get(&agent, addr, "", "/readyz").0, 200);
@@ -96,6 +111,28 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
     let (status, page) = get(&agent, addr, &orders, "/v1/receipts");
     assert_eq!(status, 200);
     assert_eq!(page["receipts"].as_array().map(Vec::len), Some(1));
+    // The role appends the receipt log (its proof is served), and cannot
+    // change what was appended.
+    let proof_path = format!("/v1/receipts/{id}/proof");
+    let start = std::time::Instant::now();
+    while get(&agent, addr, &planner, &proof_path).0 != 200 {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "the receipt was never logged"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut as_role = PgConnection::establish(&as_service).expect("connect as the role");
+    for tamper in [
+        "UPDATE receipt_log SET leaf_hash = leaf_hash",
+        "DELETE FROM receipt_log_checkpoints",
+        "UPDATE plans SET content = content",
+    ] {
+        assert!(
+            as_role.batch_execute(tamper).is_err(),
+            "the role may: {tamper}"
+        );
+    }
 
     // Read-only commands work as the role; changing ones are refused clearly.
     let status = run_cli_at(&as_service, &["migrate", "status"]);
@@ -137,7 +174,8 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
         assert!(line.contains("needs the owner"), "{line}");
     }
 
-    let revert = run_cli(&db, &["migrate", "revert"]);
+    // The last migration drops the receipt log, which holds a leaf now.
+    let revert = run_cli(&db, &["migrate", "revert", "--yes"]);
     assert!(revert.status.success(), "{}", stderr(&revert));
     let refused = run_cli_at(&as_service, &["migrate", "run"]);
     assert!(!refused.status.success());

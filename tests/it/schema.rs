@@ -145,7 +145,11 @@ async fn schema_rs_matches_a_fresh_database(db: TestDb) {
     let app = TestApp::new(db);
     let mut conn = app.conn();
     let declared = declared_columns();
-    assert_eq!(declared.len(), 7 + 11 + 6, "schema.rs parsed: {declared:?}");
+    assert_eq!(
+        declared.len(),
+        7 + 12 + 6 + 3 + 2 + 4 + 4 + 4,
+        "schema.rs parsed: {declared:?}"
+    );
     let mut live = Vec::new();
     for table in TABLES {
         live.extend(live_columns(&mut conn, table));
@@ -269,6 +273,7 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
         // SQLite's rowid alias must be declared INTEGER; it holds 64 bits.
         (Backend::Sqlite, "integer") => "BigInt",
         (_, "text") => "Text",
+        (Backend::Postgres, "bytea") | (Backend::Sqlite, "blob") => "Binary",
         (_, "timestamp" | "timestamp without time zone") => "Timestamp",
         (_, other) => return format!("unmapped({other})"),
     };
@@ -277,7 +282,7 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
 
 /// Every migration ever added, in the order it was added. Append only: a
 /// new migration is added here last and must also sort last.
-pub const MIGRATION_HISTORY: [&str; 14] = [
+pub const MIGRATION_HISTORY: [&str; 15] = [
     "2026-11-30-000001_create_logins",
     "2026-11-30-000002_create_plans",
     "2026-11-30-000003_create_intake_keys",
@@ -292,6 +297,7 @@ pub const MIGRATION_HISTORY: [&str; 14] = [
     "2026-11-30-000012_plan_intake_write_checks_login",
     "2026-12-01-000013_feed_positions_by_timeline",
     "2026-12-02-000014_feed_bases_record_their_start",
+    "2026-12-02-000015_signed_receipts_and_their_log",
 ];
 pub const LAST_MIGRATION: &str = MIGRATION_HISTORY[MIGRATION_HISTORY.len() - 1];
 

@@ -30,7 +30,7 @@ CREATE TABLE receipt_log_checkpoints (
 -- The one row appenders take turns on (FOR UPDATE): how many leaves the
 -- tree has and the feed position of the last one.
 CREATE TABLE receipt_log_state (
-    id             INTEGER NOT NULL CONSTRAINT receipt_log_state_pk PRIMARY KEY
+    id             BIGINT  NOT NULL CONSTRAINT receipt_log_state_pk PRIMARY KEY
                            CONSTRAINT receipt_log_state_one_row_ck CHECK (id = 1),
     tree_size      BIGINT  NOT NULL,
     after_feed_xid BIGINT  NOT NULL,
