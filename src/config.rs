@@ -70,6 +70,9 @@ pub struct ServeConfig {
     pub signing_keys: Vec<std::sync::Arc<crate::intake::signing::SigningKey>>,
     /// The first line of every checkpoint of the receipt log.
     pub log_origin: String,
+    /// Where this instance keeps the last checkpoint it signed, outside
+    /// the database: a tree that does not extend it is never signed.
+    pub checkpoint_file: Option<std::path::PathBuf>,
 }
 
 /// The receipt log's origin when none is given.

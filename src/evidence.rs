@@ -33,7 +33,7 @@ fn read(path: &Path, what: &str) -> Result<String, EvidenceError> {
         .map_err(|e| fail(66, format!("cannot read {what} {}: {e}", path.display())))
 }
 
-/// Reads a signing key from `path` (the first line holding one).
+/// Reads a signing key from `path` (the key alone, surrounding white space ignored).
 pub fn load_key_file(path: &Path) -> Result<Arc<SigningKey>, EvidenceError> {
     let text = read(path, "the signing key")?;
     SigningKey::from_private(&text)
@@ -153,8 +153,9 @@ pub fn audit(
         .map_err(|e| no_lines(fail(1, crate::report::chain(&e))))?;
     let mut lines = report.findings.clone();
     let summary = format!(
-        "audit: {} plans, {} leaves, {} checkpoints: {}",
+        "audit: {} plans ({} unsigned), {} leaves, {} checkpoints: {}",
         report.plans,
+        report.unsigned,
         report.leaves,
         report.checkpoints,
         if report.findings.is_empty() {

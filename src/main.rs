@@ -134,8 +134,11 @@ enum Command {
         #[arg(long, value_name = "VAR")]
         signing_key_env: Option<String>,
         /// The receipt log's origin: the first line of every checkpoint it signs
-        #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", default_value = plan_intake::config::DEFAULT_LOG_ORIGIN)]
+        #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", default_value = plan_intake::config::DEFAULT_LOG_ORIGIN, value_parser = parse_origin)]
         log_origin: String,
+        /// A file where this instance keeps the last checkpoint it signed, outside the database: after a restore or a lossy failover, a tree that does not extend it is never signed
+        #[arg(long, env = "PLAN_INTAKE_CHECKPOINT_FILE", value_name = "PATH")]
+        checkpoint_file: Option<PathBuf>,
     },
     /// Signing keys for receipts and the receipt log
     #[command(name = "signing-keys", arg_required_else_help = true)]
@@ -511,6 +514,15 @@ fn parse_bytes_in_flight(text: &str) -> Result<usize, &'static str> {
     }
 }
 
+/// A checkpoint's first line: printable, no spaces at its ends, at most 255 bytes.
+fn parse_origin(text: &str) -> Result<String, &'static str> {
+    let printable = text.chars().all(|c| !c.is_control());
+    if text.is_empty() || text.len() > 255 || !printable || text.trim() != text {
+        return Err("must be 1 to 255 printable bytes, no spaces at either end");
+    }
+    Ok(text.to_owned())
+}
+
 /// 1 byte to 64 MiB.
 fn parse_body_limit(text: &str) -> Result<usize, &'static str> {
     match text.parse::<usize>() {
@@ -544,7 +556,9 @@ fn run(command: Command) -> Result<(), CommandError> {
             signing_key,
             signing_key_env,
             log_origin,
+            checkpoint_file,
         } => Ok(serve::run(ServeConfig {
+            checkpoint_file,
             signing_keys: signing_key_env
                 .iter()
                 .map(|name| evidence::load_key_env(name))

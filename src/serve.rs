@@ -1,6 +1,7 @@
 //! `plan-intake serve`: open the database, then run the HTTP service.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use actix_http::HttpService;
@@ -72,7 +73,11 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
                     tracing::warn!(%error, key = key.key_id(), "cannot publish this key yet");
                 }
             }
-            keep_receipt_log_appended(intake.clone(), config.log_origin.clone());
+            keep_receipt_log_appended(
+                intake.clone(),
+                config.log_origin.clone(),
+                config.checkpoint_file.clone(),
+            );
         }
         None => tracing::warn!(
             "receipts are not signed and no receipt log is kept: start with --signing-key PATH (`plan-intake signing-keys generate --out PATH` makes one)"
@@ -128,18 +133,36 @@ async fn keep_readiness_current(state: AppState) {
 
 /// How often the receipt log takes in what the feed settled since.
 const APPEND_EVERY: Duration = Duration::from_secs(1);
-/// The most receipts one append round (one transaction) takes.
+/// The most receipts one append round (one transaction) takes: fewer on
+/// SQLite, whose write lock the round holds while plans wait for it.
 const APPEND_LIMIT: i64 = 5_000;
+const APPEND_LIMIT_SQLITE: i64 = 1_000;
+/// Between two rounds of a log that is behind: room for the plans' writes.
+const APPEND_BREATHER: Duration = Duration::from_millis(20);
 /// How often this instance's key is recorded as in use.
 const KEY_USE_EVERY: Duration = Duration::from_secs(60);
 
-/// Appends settled receipts to the log every second (at once again while
-/// it is behind), on a thread of its own: one round is one transaction, so
-/// the process may stop anywhere. Instances take turns (the state row's
-/// lock); a round that fails is logged and tried again.
-fn keep_receipt_log_appended(intake: Intake, origin: String) {
+/// Appends settled receipts to the log every second (again after a
+/// breather while it is behind), on a thread of its own: one round is one
+/// transaction, so the process may stop anywhere. Instances take turns
+/// (the state row's lock); a round that fails is logged and tried again.
+/// With `checkpoint_file`, the last checkpoint signed is kept there too,
+/// and read back at start: a database restored to before it (or a
+/// failover that lost it) is then never signed over.
+fn keep_receipt_log_appended(intake: Intake, origin: String, checkpoint_file: Option<PathBuf>) {
+    let limit = match intake.db.backend {
+        crate::storage::Backend::Sqlite => APPEND_LIMIT_SQLITE,
+        crate::storage::Backend::Postgres => APPEND_LIMIT,
+    };
     let appender = move || {
-        let mut signed = None;
+        let mut signed = match checkpoint_file.as_deref().map(|f| last_signed(f, &origin)) {
+            None => None,
+            Some(Ok(found)) => found,
+            Some(Err(error)) => {
+                tracing::error!(%error, "the receipt log is not appended to");
+                return;
+            }
+        };
         let mut key_used: Option<std::time::Instant> = None;
         loop {
             if key_used.is_none_or(|at| at.elapsed() >= KEY_USE_EVERY) {
@@ -148,13 +171,20 @@ fn keep_receipt_log_appended(intake: Intake, origin: String) {
                     Err(error) => tracing::warn!(%error, "cannot record the signing key's use"),
                 }
             }
-            let behind = match intake.append_receipts(&origin, APPEND_LIMIT, signed) {
+            let behind = match intake.append_receipts(&origin, limit, signed) {
                 Ok(Some(appended)) => {
-                    if let Some(checkpoint) = appended.checkpoint {
-                        signed = Some(checkpoint);
-                        intake.metrics.set_receipt_log_size(checkpoint.0);
+                    if let Some((size, root)) = appended.checkpoint {
+                        signed = Some((size, root));
+                        intake.metrics.set_receipt_log_size(size);
+                        if let (Some(file), Ok(Some(note))) = (
+                            checkpoint_file.as_deref(),
+                            intake.checkpoint(&Deadline::after(Duration::from_secs(10))),
+                        ) && let Err(error) = keep_checkpoint(file, &note)
+                        {
+                            tracing::error!(%error, file = %file.display(), "cannot keep the checkpoint signed");
+                        }
                     }
-                    appended.to - appended.from == APPEND_LIMIT as u64
+                    appended.to - appended.from == limit as u64
                 }
                 Ok(None) => false,
                 Err(error) => {
@@ -163,9 +193,11 @@ fn keep_receipt_log_appended(intake: Intake, origin: String) {
                     false
                 }
             };
-            if !behind {
-                std::thread::sleep(APPEND_EVERY);
-            }
+            std::thread::sleep(if behind {
+                APPEND_BREATHER
+            } else {
+                APPEND_EVERY
+            });
         }
     };
     if let Err(error) = std::thread::Builder::new()
@@ -174,6 +206,45 @@ fn keep_receipt_log_appended(intake: Intake, origin: String) {
     {
         tracing::error!(%error, "cannot start the receipt log's appender");
     }
+}
+
+/// The size and root of the checkpoint kept in `file`, if there is one yet.
+fn last_signed(
+    file: &std::path::Path,
+    origin: &str,
+) -> Result<Option<(u64, tlog_tiles::Hash)>, String> {
+    let note = match std::fs::read(file) {
+        Ok(note) => note,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    };
+    let unreadable = || format!("{} holds no checkpoint", file.display());
+    let note = signed_note::Note::from_bytes(&note).map_err(|_| unreadable())?;
+    let checkpoint = tlog_tiles::Checkpoint::from_bytes(note.text()).map_err(|_| unreadable())?;
+    if checkpoint.origin() != origin {
+        return Err(format!(
+            "{} holds a checkpoint of {:?}, not of {origin:?}",
+            file.display(),
+            checkpoint.origin()
+        ));
+    }
+    Ok(Some((checkpoint.size(), *checkpoint.hash())))
+}
+
+/// Replaces `file` with `note`: a temporary file, fsync, rename, and an
+/// fsync of the directory, so a crash leaves the old checkpoint or the new.
+fn keep_checkpoint(file: &std::path::Path, note: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let temporary = file.with_extension("tmp");
+    let mut out = std::fs::File::create(&temporary)?;
+    out.write_all(note.as_bytes())?;
+    out.sync_all()?;
+    std::fs::rename(&temporary, file)?;
+    let directory = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::File::open(directory)?.sync_all()
 }
 
 /// The HTTP server, bound and started: what actix-web's `HttpServer` would

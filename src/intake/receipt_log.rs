@@ -9,9 +9,7 @@ use tlog_tiles::{Checkpoint, Hash};
 
 use super::hashing::hashes_of_stored;
 use super::receipt::Receipt;
-use super::signing::{
-    BadSignature, SigningKey, TrustedKeys, signed_form, verify_receipt, verify_receipt_json,
-};
+use super::signing::{BadSignature, SigningKey, TrustedKeys, signed_form, verify_receipt};
 use crate::storage::plans::ReceiptRow;
 use crate::storage::receipt_log::{self as log_tables, LogWriter};
 use crate::storage::{Database, StorageError};
@@ -27,9 +25,8 @@ pub struct LogSigner<'a> {
 
 impl LogWriter for LogSigner<'_> {
     fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, String> {
-        Receipt::from_row(row, None)
-            .map(|receipt| signed_form(&receipt))
-            .map_err(|e| e.to_string())
+        let receipt = Receipt::from_row(row, None).map_err(|e| e.to_string())?;
+        signed_form(&receipt).map_err(|e| e.to_string())
     }
 
     fn checkpoint(&self, size: u64, root: Hash) -> Result<String, String> {
@@ -137,31 +134,90 @@ pub struct Verified {
     pub included: Option<(u64, VerifiedCheckpoint)>,
 }
 
+/// A receipt as the service answers it. Every member typed, none unknown:
+/// a duplicated member is refused (serde's derive), so no reader can be
+/// shown one receipt while another was verified.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReceiptDocument {
+    receipt_id: String,
+    maker: String,
+    run_id: String,
+    content_hash: String,
+    request_hash: String,
+    approved_inputs: Vec<String>,
+    permissions: Vec<String>,
+    received_at: String,
+    signature: Option<super::signing::ReceiptSignature>,
+    #[serde(rename = "outcome")]
+    _outcome: Option<String>,
+}
+
+impl From<ReceiptDocument> for Receipt {
+    fn from(d: ReceiptDocument) -> Self {
+        Receipt {
+            receipt_id: d.receipt_id,
+            maker: d.maker,
+            run_id: d.run_id,
+            content_hash: d.content_hash,
+            request_hash: d.request_hash,
+            approved_inputs: d.approved_inputs,
+            permissions: d.permissions,
+            received_at: d.received_at,
+            signature: d.signature,
+            outcome: None,
+        }
+    }
+}
+
+/// A plan read with its receipt (`GET /v1/plans/{id}`), its parts as the
+/// service handed them out.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanDocument {
+    receipt: ReceiptDocument,
+    approved_inputs: Box<serde_json::value::RawValue>,
+    content: Box<serde_json::value::RawValue>,
+}
+
 /// Checks a receipt (`receipt`: the service's JSON for it, or a plan read
-/// with its receipt) against `keys`, and with `proof`, its inclusion in a
+/// with its receipt, whose content must then hash to the receipt's
+/// `content_hash`) against `keys`, and with `proof`, its inclusion in a
 /// checkpoint those keys signed. No service, no database.
 pub fn verify_offline(
     receipt: &str,
     keys: &TrustedKeys,
     proof: Option<&str>,
 ) -> Result<Verified, String> {
-    let document: serde_json::Value =
-        serde_json::from_str(receipt).map_err(|e| format!("the receipt is not JSON: {e}"))?;
-    let document = match document.get("receipt") {
-        Some(inner) if inner.is_object() => inner.clone(),
-        _ => document,
+    let receipt: Receipt = match serde_json::from_str::<ReceiptDocument>(receipt) {
+        Ok(document) => document.into(),
+        Err(not_a_receipt) => {
+            let plan: PlanDocument = serde_json::from_str(receipt)
+                .map_err(|_| format!("not a receipt as the service answers it: {not_a_receipt}"))?;
+            let hashes = hashes_of_stored(
+                plan.approved_inputs.get(),
+                plan.content.get(),
+                &plan.receipt.run_id,
+            );
+            if hashes.content_hash != plan.receipt.content_hash
+                || hashes.request_hash != plan.receipt.request_hash
+            {
+                return Err(format!(
+                    "plan {}: its content or approved inputs are not what its receipt was given for (they hash to {})",
+                    plan.receipt.receipt_id, hashes.content_hash
+                ));
+            }
+            plan.receipt.into()
+        }
     };
-    let receipt_id = document
-        .get("receipt_id")
-        .and_then(|id| id.as_str())
-        .ok_or("the file holds no receipt (no receipt_id)")?
-        .to_owned();
-    let leaf = verify_receipt_json(&document, keys).map_err(|e| e.to_string())?;
-    let key_id = document
-        .pointer("/signature/key_id")
-        .and_then(|k| k.as_str())
-        .unwrap_or_default()
-        .to_owned();
+    verify_receipt(&receipt, keys).map_err(|e| e.to_string())?;
+    let leaf = signed_form(&receipt).map_err(|e| e.to_string())?;
+    let receipt_id = receipt.receipt_id.clone();
+    let key_id = receipt
+        .signature
+        .as_ref()
+        .map(|s| s.key_id.clone())
+        .unwrap_or_default();
     let included = match proof {
         None => None,
         Some(text) => {
@@ -201,38 +257,49 @@ pub fn verify_offline(
 #[derive(Debug, Default)]
 pub struct AuditReport {
     pub plans: usize,
+    /// Plans whose receipt carries no signature (written by an instance
+    /// without a key); their content is still checked against their hashes.
+    pub unsigned: usize,
     pub leaves: usize,
     pub checkpoints: usize,
     pub findings: Vec<String>,
 }
 
-/// Recomputes the log from the tables and holds it against every
-/// checkpoint (stored, and `extra` ones an auditor kept): each plan's
-/// hashes against its content, each receipt's signature, each leaf
-/// against its receipt and its place in the feed, each checkpoint's
-/// signature and root, and each checkpoint as an extension of the one
-/// before. `keys`: the keys the auditor trusts.
+/// Past this many, findings of one kind are summed up in one more line.
+const FINDINGS_OF_A_KIND: usize = 3;
+
+/// Recomputes the log from the tables, read in one snapshot, and holds
+/// it against every checkpoint (stored, and `extra` ones an auditor kept):
+/// each plan's hashes against its content, each receipt's signature, each
+/// leaf against its receipt and its place in the feed, the stored tree
+/// against its leaves, each checkpoint's signature and root, and where a
+/// checkpoint stops extending the one before. `keys`: the keys the
+/// auditor trusts.
 pub fn audit(
     db: &Database,
     keys: &TrustedKeys,
     extra: &[(String, String)],
 ) -> Result<AuditReport, StorageError> {
-    let mut conn = db.conn()?;
-    let plans = log_tables::plans_in_feed_order(&mut conn)?;
-    let leaves = log_tables::leaves(&mut conn)?;
-    let stored = log_tables::checkpoints(&mut conn)?;
-    let (_, logged_to) = log_tables::log_position(&mut conn)?;
+    let data = log_tables::audit_data(&mut *db.conn()?)?;
     let mut report = AuditReport {
-        plans: plans.len(),
-        leaves: leaves.len(),
-        checkpoints: stored.len() + extra.len(),
+        plans: data.plans.len(),
+        leaves: data.leaves.len(),
+        checkpoints: data.checkpoints.len() + extra.len(),
         ..AuditReport::default()
     };
     let findings = &mut report.findings;
 
+    for (key_id, verifier_key, _, _) in &data.keys {
+        if !keys.trusts(verifier_key) {
+            findings.push(format!(
+                "signing key {key_id}: published by the database but not among the keys you trust (added or replaced around the service?)"
+            ));
+        }
+    }
+
     // Each plan: its hashes from its content, its receipt's signature.
     let mut by_receipt: HashMap<&str, (usize, Vec<u8>)> = HashMap::new();
-    for (place, (_, row)) in plans.iter().enumerate() {
+    for (place, (_, row)) in data.plans.iter().enumerate() {
         let hashes = hashes_of_stored(&row.approved_inputs, &row.content, &row.run_id);
         if hashes.content_hash != row.content_hash {
             findings.push(format!(
@@ -248,19 +315,25 @@ pub fn audit(
         match Receipt::from_row(&row.receipt_row(), None) {
             Ok(receipt) => {
                 match verify_receipt(&receipt, keys) {
-                    Ok(()) | Err(BadSignature::Unsigned) => {}
+                    Ok(()) => {}
+                    Err(BadSignature::Unsigned) => report.unsigned += 1,
                     Err(bad) => findings.push(format!("receipt {}: {bad}", row.receipt_id)),
                 }
-                by_receipt.insert(&row.receipt_id, (place, signed_form(&receipt)));
+                match signed_form(&receipt) {
+                    Ok(form) => {
+                        by_receipt.insert(&row.receipt_id, (place, form));
+                    }
+                    Err(e) => findings.push(format!("receipt {}: {e}", row.receipt_id)),
+                }
             }
             Err(corrupt) => findings.push(format!("receipt {}: {corrupt}", row.receipt_id)),
         }
     }
 
     // Each leaf: its receipt still there, unchanged, in feed order.
-    let mut tree_leaves: Vec<Hash> = Vec::with_capacity(leaves.len());
+    let mut stored_leaves: Vec<Hash> = Vec::with_capacity(data.leaves.len());
     let mut last_place: Option<usize> = None;
-    for (expected, leaf) in leaves.iter().enumerate() {
+    for (expected, leaf) in data.leaves.iter().enumerate() {
         let index = leaf.leaf_index;
         if usize::try_from(index).ok() != Some(expected) {
             findings.push(format!(
@@ -270,17 +343,14 @@ pub fn audit(
         let stored_hash = <[u8; 32]>::try_from(leaf.leaf_hash.as_slice())
             .map(Hash)
             .unwrap_or_default();
+        stored_leaves.push(stored_hash);
         match by_receipt.get(leaf.receipt_id.as_str()) {
-            None => {
-                findings.push(format!(
-                    "receipt {} (leaf {index}): removed from the plans table after it was logged",
-                    leaf.receipt_id
-                ));
-                tree_leaves.push(stored_hash);
-            }
+            None => findings.push(format!(
+                "receipt {} (leaf {index}): removed from the plans table after it was logged",
+                leaf.receipt_id
+            )),
             Some((place, form)) => {
-                let hash = tlog_tiles::record_hash(form);
-                if hash != stored_hash {
+                if tlog_tiles::record_hash(form) != stored_hash {
                     findings.push(format!(
                         "receipt {} (leaf {index}): changed after it was logged",
                         leaf.receipt_id
@@ -293,17 +363,16 @@ pub fn audit(
                     ));
                 }
                 last_place = Some(*place);
-                tree_leaves.push(hash);
             }
         }
     }
 
     // Each plan the log has passed: in the log.
     let logged: std::collections::HashSet<&str> =
-        leaves.iter().map(|l| l.receipt_id.as_str()).collect();
-    for (xid, row) in &plans {
-        let passed = (*xid, row.id) <= (logged_to.xid, logged_to.id);
-        if passed && !logged.contains(row.receipt_id.as_str()) {
+        data.leaves.iter().map(|l| l.receipt_id.as_str()).collect();
+    let to = data.logged_to;
+    for (xid, row) in &data.plans {
+        if (*xid, row.id) <= (to.xid, to.id) && !logged.contains(row.receipt_id.as_str()) {
             findings.push(format!(
                 "plan {}: in the feed before the log's end but not in the log (written around the service?)",
                 row.receipt_id
@@ -311,10 +380,40 @@ pub fn audit(
         }
     }
 
-    // The tree as the plans make it, and each checkpoint against it.
-    let tree = MemoryTree::of(&tree_leaves);
-    let mut checkpoints: Vec<(String, VerifiedCheckpoint)> = Vec::new();
-    let named = stored
+    // The stored tree and the state row against the leaves.
+    let tree = MemoryTree::of(&stored_leaves);
+    if data.state_size != tree.size() {
+        findings.push(format!(
+            "the log's state says {} leaves, but it holds {}: the next append would skip or repeat receipts",
+            data.state_size,
+            tree.size()
+        ));
+    }
+    let stored_hashes: Vec<(u64, &[u8])> = data
+        .hashes
+        .iter()
+        .map(|(i, h)| (u64::try_from(*i).unwrap_or(u64::MAX), h.as_slice()))
+        .collect();
+    let expected: Vec<(u64, &[u8])> = tree
+        .hashes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i as u64, h.0.as_slice()))
+        .collect();
+    if let Some(at) = (0..stored_hashes.len().max(expected.len()))
+        .find(|&i| stored_hashes.get(i) != expected.get(i))
+    {
+        findings.push(format!(
+            "the log's stored hashes differ from its leaves from stored hash {at} on: proofs served from them are wrong"
+        ));
+    }
+
+    // Each checkpoint against the tree of the stored leaves; where one
+    // stops extending the one before.
+    let mut checkpoints: Vec<(String, VerifiedCheckpoint, bool)> = Vec::new();
+    let mut mismatched = Vec::new();
+    let named = data
+        .checkpoints
         .iter()
         .map(|c| (format!("checkpoint {}", c.tree_size), c.note.clone()))
         .chain(
@@ -325,37 +424,42 @@ pub fn audit(
     for (name, note) in named {
         match verify_checkpoint(&note, keys) {
             Err(e) => findings.push(format!("{name}: {e}")),
+            Ok(checkpoint) if checkpoint.size > tree.size() => findings.push(format!(
+                "{name}: signed for {} leaves, but the log has {}: leaves were removed",
+                checkpoint.size,
+                tree.size()
+            )),
             Ok(checkpoint) => {
-                if checkpoint.size > tree.size() {
-                    findings.push(format!(
-                        "{name}: signed for {} leaves, but the log has {}: leaves were removed",
-                        checkpoint.size,
-                        tree.size()
-                    ));
-                } else if tree.root(checkpoint.size) != Some(checkpoint.root) {
-                    findings.push(format!(
-                        "{name}: its root hash for {} leaves is not the root of the receipts as stored",
+                let matches = tree.root(checkpoint.size) == Some(checkpoint.root);
+                if !matches {
+                    mismatched.push(format!(
+                        "{name}: its root hash for {} leaves is not the root of the log's leaves",
                         checkpoint.size
                     ));
                 }
-                checkpoints.push((name, checkpoint));
+                checkpoints.push((name, checkpoint, matches));
             }
         }
     }
-    checkpoints.sort_by_key(|(_, c)| c.size);
+    let more = mismatched.len().saturating_sub(FINDINGS_OF_A_KIND);
+    findings.extend(mismatched.into_iter().take(FINDINGS_OF_A_KIND));
+    if more > 0 {
+        findings.push(format!(
+            "… and {more} more checkpoints whose root is not the log's"
+        ));
+    }
+    checkpoints.sort_by_key(|(_, c, _)| c.size);
     for pair in checkpoints.windows(2) {
-        let ((old_name, old), (new_name, new)) = (&pair[0], &pair[1]);
-        let consistent = if old.size == new.size {
-            old.root == new.root
-        } else {
-            tree.size() >= new.size
-                && tree.consistency(new.size, old.size).is_some_and(|proof| {
-                    tlog_tiles::check_tree(&proof, new.size, new.root, old.size, old.root).is_ok()
-                })
-        };
-        if !consistent {
+        let ((old_name, old, old_matches), (new_name, new, new_matches)) = (&pair[0], &pair[1]);
+        if old.size == new.size && old.root != new.root {
             findings.push(format!(
-                "{new_name}: not an extension of {old_name} (the log forked, or one of them was forged)"
+                "{old_name} and {new_name}: two different trees of {} leaves signed (the log forked, or one was forged)",
+                new.size
+            ));
+        } else if *old_matches && !new_matches {
+            findings.push(format!(
+                "{new_name}: not an extension of {old_name}: the log forked after {} leaves, or it was forged",
+                old.size
             ));
         }
     }
@@ -405,13 +509,6 @@ impl MemoryTree {
         (size <= self.size)
             .then(|| tlog_tiles::tree_hash(size, self).ok())
             .flatten()
-    }
-
-    fn consistency(&self, size: u64, old: u64) -> Option<Vec<Hash>> {
-        if old == 0 {
-            return Some(Vec::new());
-        }
-        tlog_tiles::prove_tree(size, old, self).ok()
     }
 }
 

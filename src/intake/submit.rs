@@ -509,7 +509,12 @@ fn new_plan(
         receipt_signature: None,
     };
     if let Some(key) = signer {
-        plan.receipt_signature = Some(key.sign(&receipt_of(&plan, login, submission)).stored());
+        match key.sign(&receipt_of(&plan, login, submission)) {
+            Ok(signature) => plan.receipt_signature = Some(signature.stored()),
+            // Not reachable with an Ed25519 key and a receipt of strings;
+            // the plan is still kept, unsigned, as by a service without a key.
+            Err(error) => tracing::error!(%error, "a receipt could not be signed"),
+        }
     }
     plan
 }

@@ -394,7 +394,8 @@ struct Statement {
 /// read the schema's objects, add rows to `plans`, `intake_keys` and
 /// `feed_bases` (a new cluster's feed base), append to the receipt log
 /// (add its rows, move its one state row on; never change or delete a
-/// leaf, a hash or a checkpoint), record the signing keys' use, call the
+/// leaf, a hash or a checkpoint), record the signing keys' use (a new
+/// key, and when a key was last used: never another key's public half), call the
 /// functions. Postgres only; names are quoted by the server.
 pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageError> {
     let DbConn::Postgres(pg) = conn else {
@@ -412,7 +413,7 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
          UNION ALL
          SELECT format('GRANT SELECT, UPDATE ON TABLE %I.receipt_log_state TO %I;', s.name, $1) FROM s
          UNION ALL
-         SELECT format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.signing_keys TO %I;', s.name, $1) FROM s
+         SELECT format('GRANT SELECT, INSERT, UPDATE (last_used_at) ON TABLE %I.signing_keys TO %I;', s.name, $1) FROM s
          UNION ALL
          SELECT format('GRANT USAGE, SELECT ON SEQUENCE %s, %s TO %I;',
                        pg_get_serial_sequence(format('%I.plans', s.name), 'id'),

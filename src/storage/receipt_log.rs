@@ -4,7 +4,8 @@
 //!
 //! An append is one transaction: take the state row (Postgres: `FOR UPDATE
 //! SKIP LOCKED`, so a second instance skips the round instead of queueing;
-//! SQLite: `BEGIN IMMEDIATE`), read the settled feed after its position,
+//! SQLite: a write to it first, which takes the file's write lock before
+//! anything is read), read the settled feed after its position,
 //! add the leaves and the hashes they complete, sign a checkpoint of the new
 //! size once it is shown consistent with the last one signed, move the
 //! state on, commit. A crash anywhere before COMMIT leaves the tree as it
@@ -244,7 +245,7 @@ pub fn append(
                 .execute(c)
         })?;
         #[cfg(feature = "test-seams")]
-        stall_mid_append(to);
+        stall_mid_append(to, root);
         Ok(Some(Appended {
             from,
             to,
@@ -326,7 +327,7 @@ pub fn latest_checkpoint(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>
 }
 
 /// Every checkpoint signed, oldest first.
-pub fn checkpoints(conn: &mut DbConn) -> QueryResult<Vec<CheckpointRow>> {
+fn checkpoints(conn: &mut DbConn) -> QueryResult<Vec<CheckpointRow>> {
     with_conn!(conn, c => receipt_log_checkpoints::table
         .order(receipt_log_checkpoints::tree_size.asc())
         .select(CheckpointRow::as_select())
@@ -334,16 +335,54 @@ pub fn checkpoints(conn: &mut DbConn) -> QueryResult<Vec<CheckpointRow>> {
 }
 
 /// Every leaf, in the log's order.
-pub fn leaves(conn: &mut DbConn) -> QueryResult<Vec<LeafRow>> {
+fn leaves(conn: &mut DbConn) -> QueryResult<Vec<LeafRow>> {
     with_conn!(conn, c => receipt_log::table
         .order(receipt_log::leaf_index.asc())
         .select(LeafRow::as_select())
         .load(c))
 }
 
+/// Everything an audit reads, from one snapshot.
+pub struct AuditData {
+    pub plans: Vec<(i64, PlanRow)>,
+    pub leaves: Vec<LeafRow>,
+    pub checkpoints: Vec<CheckpointRow>,
+    /// Every stored hash of the tree, by index.
+    pub hashes: Vec<(i64, Vec<u8>)>,
+    pub state_size: u64,
+    pub logged_to: FeedPosition,
+    pub keys: Vec<KeyRow>,
+}
+
+/// Reads the plans, the log and the keys in one read-only transaction
+/// (Postgres: REPEATABLE READ, one snapshot; SQLite: one read transaction),
+/// so an append or a write meanwhile cannot look like a removal.
+pub fn audit_data(conn: &mut DbConn) -> QueryResult<AuditData> {
+    super::in_transaction(conn, |conn| {
+        if let DbConn::Postgres(pg) = conn {
+            diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(pg)?;
+        }
+        let (state_size, logged_to) = log_position(conn)?;
+        let hashes = with_conn!(conn, c => receipt_log_hashes::table
+            .order(receipt_log_hashes::hash_index.asc())
+            .select((receipt_log_hashes::hash_index, receipt_log_hashes::hash))
+            .load(c))?;
+        Ok(AuditData {
+            checkpoints: checkpoints(conn)?,
+            leaves: leaves(conn)?,
+            plans: plans_in_feed_order(conn)?,
+            keys: signing_keys(conn)?,
+            hashes,
+            state_size,
+            logged_to,
+        })
+    })
+}
+
 /// Every plan, in feed order, with its feed position: what an audit
 /// recomputes the log from.
-pub fn plans_in_feed_order(conn: &mut DbConn) -> QueryResult<Vec<(i64, PlanRow)>> {
+fn plans_in_feed_order(conn: &mut DbConn) -> QueryResult<Vec<(i64, PlanRow)>> {
     with_conn!(conn, c => plans::table
         .order((plans::feed_xid.asc(), plans::id.asc()))
         .select((plans::feed_xid, PlanRow::as_select()))
@@ -473,12 +512,14 @@ pub fn signing_keys(conn: &mut DbConn) -> QueryResult<Vec<KeyRow>> {
 /// reaches N leaves or more says so on stderr and waits there, its
 /// transaction written but not committed, for a test to kill the process.
 #[cfg(feature = "test-seams")]
-fn stall_mid_append(size: u64) {
+fn stall_mid_append(size: u64, root: Hash) {
     let threshold = std::env::var("PLAN_INTAKE_TEST_STALL_APPEND")
         .ok()
         .and_then(|n| n.parse::<u64>().ok());
     if threshold.is_some_and(|n| size >= n) {
-        eprintln!("plan-intake test seam: append to {size} leaves written, not committed");
+        eprintln!(
+            "plan-intake test seam: append to {size} leaves written, not committed, root {root}"
+        );
         loop {
             std::thread::park();
         }

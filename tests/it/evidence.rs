@@ -227,6 +227,29 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
     let read_path = write(dir.path(), "read.json", &read);
     assert_eq!(verify(&read_path, &keys, None).0, 0);
 
+    // A plan read with its receipt verifies, and its content is held to
+    // the receipt's hash; a receipt with a member twice is refused.
+    let (_, plan) = get_text(&service.addr, Some(&token), &format!("/v1/plans/{id}"));
+    let plan_path = write(dir.path(), "plan.json", &plan);
+    let (code, said) = verify(&plan_path, &keys, None);
+    assert_eq!(code, 0, "{said}");
+    let edited = write(
+        dir.path(),
+        "edited-plan.json",
+        &plan.replacen("Größe", "Grösse", 1),
+    );
+    let (code, said) = verify(&edited, &keys, None);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.contains("not what its receipt was given for"),
+        "{said}"
+    );
+    let twice = read.replacen('{', r#"{"maker":"mallory","#, 1);
+    let twice_path = write(dir.path(), "twice.json", &twice);
+    let (code, said) = verify(&twice_path, &keys, None);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("duplicate field"), "{said}");
+
     // A changed receipt, a changed proof and an unknown key are refused (65).
     let mut changed = receipts[1].clone();
     changed["run_id"] = Value::from("run-99");
@@ -275,7 +298,7 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
     ]);
     let (code, said) = audit(&db.url, &keys, &[&first_path]);
     assert_eq!(code, 0, "{said}");
-    assert!(said.contains("13 plans, 13 leaves"), "{said}");
+    assert!(said.contains("13 plans (0 unsigned), 13 leaves"), "{said}");
     drop(service);
 }
 
@@ -291,11 +314,15 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
     let key = generate_key(dir.path(), "k1");
     let service = serve_signed(&db.url, &[&key]);
     let token = login_via_cli(&db.url, "planner-a", "plans:submit");
-    let receipts = submit(&service.addr, &token, "run", 6);
+    let mut receipts = submit(&service.addr, &token, "run", 3);
+    let early = checkpoint_of_at_least(&service.addr, 3);
+    receipts.extend(submit(&service.addr, &token, "more", 3));
     let logged = checkpoint_of_at_least(&service.addr, 6);
     let keys = signing_keys_file(&service.addr, dir.path());
     service.terminate();
-    assert_eq!(audit(&db.url, &keys, &[]).0, 0);
+    let (code, said) = audit(&db.url, &keys, &[]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("6 plans (0 unsigned), 6 leaves"), "{said}");
     let id = |i: usize| {
         receipts[i]["receipt_id"]
             .as_str()
@@ -309,22 +336,33 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
         &std::fs::read_to_string(&key).expect("key"),
     )
     .expect("the key");
-    let forged = plan_intake::intake::receipt_log::checkpoint_note(
-        &signer,
-        "plan-intake",
-        7,
-        tlog_tiles::record_hash(b"another tree"),
-    )
-    .expect("signed");
-    let forged_path = write(dir.path(), "forged.checkpoint", &forged);
+    let forge = |size: u64, name: &str| {
+        let note = plan_intake::intake::receipt_log::checkpoint_note(
+            &signer,
+            "plan-intake",
+            size,
+            tlog_tiles::record_hash(b"another tree"),
+        )
+        .expect("signed");
+        write(dir.path(), name, &note)
+    };
+    let (beyond, forked, twin) = (forge(7, "7"), forge(5, "5"), forge(6, "6"));
+    let early_path = write(dir.path(), "early.checkpoint", &early);
     let logged_path = write(dir.path(), "logged.checkpoint", &logged);
-    let (code, said) = audit(&db.url, &keys, &[&logged_path, &forged_path]);
-    assert_eq!(code, 65, "{said}");
-    assert!(
-        said.contains("signed for 7 leaves, but the log has 6"),
-        "{said}"
+    let (code, said) = audit(
+        &db.url,
+        &keys,
+        &[&early_path, &logged_path, &beyond, &forked, &twin],
     );
-    assert!(said.contains("not an extension of"), "{said}");
+    assert_eq!(code, 65, "{said}");
+    for line in [
+        "signed for 7 leaves, but the log has 6",
+        "/5: its root hash for 5 leaves is not the root of the log's leaves",
+        "not an extension of",
+        "two different trees of 6 leaves signed",
+    ] {
+        assert!(said.contains(line), "{line}: {said}");
+    }
 
     // An edited plan, a removed receipt, a feed reordered: each named.
     // Moved to the feed's end: SQLite orders the feed by id (its key rows
@@ -347,11 +385,13 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
              UPDATE plans SET content = '{{\"run\":\"edited\"}}' WHERE receipt_id = '{}';
              DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{}');
              DELETE FROM plans WHERE receipt_id = '{}';
-             UPDATE plans SET {order_column} = {order_column} + 1000000 WHERE receipt_id = '{}';",
+             UPDATE plans SET {order_column} = {order_column} + 1000000 WHERE receipt_id = '{}';
+             UPDATE plans SET permissions = '[\"plans:submit\",\"receipts:read\"]' WHERE receipt_id = '{}';",
             id(1),
             id(3),
             id(3),
             id(0),
+            id(5),
         ),
     );
     let (code, said) = audit(&db.url, &keys, &[&logged_path]);
@@ -368,6 +408,13 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
     );
     assert!(names("removed from the plans table", &id(3)), "{said}");
     assert!(names("out of feed order", ""), "{said}");
+    assert!(names("changed after it was logged", &id(5)), "{said}");
+    assert!(names("does not match the receipt", &id(5)), "{said}");
+    // Rows changed under the log never pass for a forked log.
+    assert!(
+        !said.contains("not an extension") && !said.contains("root hash"),
+        "{said}"
+    );
     assert!(said.contains("finding(s)"), "{said}");
 }
 
@@ -422,6 +469,16 @@ fn a_rotated_key_keeps_old_receipts_verifiable(db: TestDb) {
     }
     let (code, said) = audit(&db.url, &keys, &[]);
     assert_eq!(code, 0, "{said}");
+    // An auditor who trusts only the new key is told of the other.
+    let only_new = PathBuf::from(format!("{}.pub", new_key.display()));
+    let (code, said) = audit(&db.url, &only_new, &[]);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.contains(&format!(
+            "signing key {old_id}: published by the database but not among the keys you trust"
+        )),
+        "{said}"
+    );
     drop(service);
 }
 
@@ -442,9 +499,17 @@ fn two_instances_appending_under_load_leave_one_consistent_tree(db: TestDb) {
     let (code, said) = audit(&db.url, &keys, &[]);
     assert_eq!(code, 0, "{said}");
     assert!(
-        said.contains(&format!("{created} plans, {created} leaves")),
+        said.contains(&format!("{created} plans (0 unsigned), {created} leaves")),
         "{said}"
     );
+    // They took turns: no round of either failed (a collision would).
+    for instance in [&one, &two] {
+        let metrics = instance.metrics_text();
+        assert!(
+            metrics.contains("plan_intake_receipt_log_rounds_failed_total 0"),
+            "{metrics}"
+        );
+    }
     drop((one, two));
 }
 
@@ -469,19 +534,20 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
     );
     submit(&stalled.addr, &token, "during", 4);
     let start = Instant::now();
-    while !stalled
-        .log
-        .lock()
-        .expect("log")
-        .iter()
-        .any(|l| l.contains("append to 7 leaves written, not committed"))
-    {
+    let stalled_root = loop {
+        let found = stalled.log.lock().expect("log").iter().find_map(|l| {
+            l.split_once("append to 7 leaves written, not committed, root ")
+                .map(|(_, root)| root.trim().to_owned())
+        });
+        if let Some(root) = found {
+            break root;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the appender never stalled"
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
     stalled.kill_9();
     let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
     let mut conn = database.conn().expect("connection");
@@ -494,6 +560,11 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
     let service = serve_signed(&db.url, &[&key]);
     let after = checkpoint_of_at_least(&service.addr, 7);
     assert_eq!(checkpoint_size(&after), 7);
+    assert_eq!(
+        after.lines().nth(2),
+        Some(stalled_root.as_str()),
+        "the resumed tree is the one the killed round had built"
+    );
     let after_path = write(dir.path(), "after.checkpoint", &after);
     let (_, consistency) = get_text(
         &service.addr,
@@ -533,4 +604,71 @@ fn without_a_key_receipts_are_unsigned_and_no_log_is_kept(db: TestDb) {
     assert_eq!(status, 404, "{problem}");
     assert!(problem.contains("not-logged-yet"), "{problem}");
     drop(service);
+}
+
+/// A database restored to before a checkpoint the service signed: with
+/// `--checkpoint-file` the service refuses to sign over it; without, it
+/// signs a fork, which `audit` names given the checkpoint kept before.
+#[test]
+fn a_restored_database_is_never_signed_over_with_a_checkpoint_file() {
+    let db = TestDb::sqlite();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let kept = dir.path().join("last.checkpoint");
+    let args = ["--signing-key", arg(&key), "--checkpoint-file", arg(&kept)];
+    let service = ServeProcess::start_with(&db.url, &args);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &token, "before", 3);
+    checkpoint_of_at_least(&service.addr, 3);
+    let keys = signing_keys_file(&service.addr, dir.path());
+    service.terminate();
+    let backup = dir.path().join("backup.db");
+    tamper(&db, &format!("VACUUM INTO '{}'", backup.display()));
+
+    let service = ServeProcess::start_with(&db.url, &args);
+    submit(&service.addr, &token, "lost", 2);
+    let published = checkpoint_of_at_least(&service.addr, 5);
+    let published_path = write(dir.path(), "published.checkpoint", &published);
+    service.terminate();
+    assert_eq!(std::fs::read_to_string(&kept).expect("kept"), published);
+
+    // The restore: the backup, taken before the last two plans.
+    let file = db.url.trim_start_matches("sqlite://").to_owned();
+    for stale in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{file}{stale}"));
+    }
+    std::fs::copy(&backup, &file).expect("restore the backup");
+    let service = ServeProcess::start_with(&db.url, &args);
+    submit(&service.addr, &token, "after", 2);
+    let start = Instant::now();
+    while !service
+        .metrics_text()
+        .contains("plan_intake_receipt_log_rounds_failed_total 2")
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "no round failed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, newest) = get_text(&service.addr, None, "/v1/checkpoint");
+    assert_eq!(checkpoint_size(&newest), 3, "{newest}");
+    assert!(
+        service
+            .log
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains("is not an extension of the checkpoint of size 5")),
+        "the refusal is not logged"
+    );
+    service.terminate();
+
+    // Without the file, the fork is signed, and the audit names it.
+    let service = serve_signed(&db.url, &[&key]);
+    checkpoint_of_at_least(&service.addr, 5);
+    service.terminate();
+    let (code, said) = audit(&db.url, &keys, &[&published_path]);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.contains("two different trees of 5 leaves signed"),
+        "{said}"
+    );
 }
