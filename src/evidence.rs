@@ -35,7 +35,16 @@ fn read(path: &Path, what: &str) -> Result<String, EvidenceError> {
 
 /// Reads a signing key from `path` (the key alone, surrounding white space ignored).
 pub fn load_key_file(path: &Path) -> Result<Arc<SigningKey>, EvidenceError> {
+    use std::os::unix::fs::PermissionsExt as _;
     let text = read(path, "the signing key")?;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %path.display(),
+            "the signing key file may be read by others than its owner: chmod 600 it"
+        );
+    }
     SigningKey::from_private(&text)
         .map(Arc::new)
         .map_err(|e| fail(1, format!("signing key {}: {e}", path.display())))

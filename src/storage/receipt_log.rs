@@ -275,13 +275,23 @@ impl Appended {
 /// write lock (waiting as every writer does) before anything is read.
 fn take_state(conn: &mut DbConn) -> QueryResult<Option<StateRow>> {
     match conn {
-        DbConn::Postgres(pg) => receipt_log_state::table
-            .filter(receipt_log_state::id.eq(1))
-            .select(StateRow::as_select())
-            .for_update()
-            .skip_locked()
-            .first(pg)
-            .optional(),
+        DbConn::Postgres(pg) => {
+            // An appender that hangs inside its round (a stopped process, a
+            // partition) must not hold the log for the other instances for
+            // good: its session ends after a minute idle, and the round
+            // with it.
+            diesel::sql_query(
+                "SELECT set_config('idle_in_transaction_session_timeout', '60000', true)",
+            )
+            .execute(pg)?;
+            receipt_log_state::table
+                .filter(receipt_log_state::id.eq(1))
+                .select(StateRow::as_select())
+                .for_update()
+                .skip_locked()
+                .first(pg)
+                .optional()
+        }
         DbConn::Sqlite(lite) => {
             diesel::update(receipt_log_state::table.filter(receipt_log_state::id.eq(1)))
                 .set(receipt_log_state::tree_size.eq(receipt_log_state::tree_size))
