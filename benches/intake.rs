@@ -1262,7 +1262,7 @@ fn bench_plan(tag: &str, client: usize, sequence: u64) -> NewPlan {
         approved_inputs: r#"[{"digest":"blake3:00ff","id":"forecast-v12"},{"id":"prices-v3"}]"#
             .to_owned(),
         permissions: r#"["plans:submit"]"#.to_owned(),
-        received_at: plan_intake::intake::submit::now_micros(),
+        received_at: plan_intake::clock::now_micros(),
         receipt_signature: None,
     }
 }

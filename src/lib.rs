@@ -3,6 +3,7 @@
 //! `client` is the callers' side of the HTTP API (`submit`, `follow`).
 
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod deadline;
 pub mod evidence;

@@ -393,8 +393,9 @@ fn main() -> ExitCode {
             // A broken stderr is not worth a panic: the exit status tells.
             let _ = writeln!(
                 std::io::stderr(),
-                "plan-intake: error: {}",
-                plan_intake::report::chain(&e)
+                "plan-intake: error: {}{}",
+                plan_intake::report::chain(&e),
+                e.hint()
             );
             ExitCode::from(e.exit_code())
         }
@@ -438,6 +439,19 @@ enum CommandError {
 }
 
 impl CommandError {
+    /// What the command line adds, in its own words, to an error told in
+    /// storage's.
+    fn hint(&self) -> &'static str {
+        match self {
+            Self::Storage(StorageError::NeedsOwner { .. })
+            | Self::Serve(ServeError::Storage(StorageError::NeedsOwner { .. }))
+            | Self::Login(LoginError::Storage(StorageError::NeedsOwner { .. })) => {
+                " (the service's own role needs only the grants `plan-intake migrate grants ROLE` prints)"
+            }
+            _ => "",
+        }
+    }
+
     fn exit_code(&self) -> u8 {
         match self {
             Self::Submit(e) => e.exit_code(),
@@ -802,7 +816,7 @@ fn migrate(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
             None => eprintln!("no applied migrations"),
         },
         MigrateAction::Revert { yes } => {
-            migrations::require_owner(conn, "migrate revert")?;
+            migrations::require_owner(conn)?;
             let Some((name, sql)) = migrations::revert_sql(conn)? else {
                 eprintln!("no applied migrations");
                 return Ok(());

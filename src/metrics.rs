@@ -54,11 +54,15 @@ pub const OUTCOMES: [&str; 11] = [
     "error",
 ];
 /// The routes a deadline applies to.
-pub const TIMED_ROUTES: [&str; 5] = [
+pub const TIMED_ROUTES: [&str; 9] = [
     "/v1/plans",
     "/v1/plans/{receipt_id}",
     "/v1/receipts",
     "/v1/receipts/{receipt_id}",
+    "/v1/receipts/{receipt_id}/proof",
+    "/v1/signing-keys",
+    "/v1/checkpoint",
+    "/v1/checkpoint/consistency",
     "/readyz",
 ];
 pub const GROUP_COMMIT_FAILURES: [&str; 3] = ["leader_panicked", "commit_failed", "no_connection"];

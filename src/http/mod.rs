@@ -1,5 +1,6 @@
-//! The HTTP door: routes, the bearer-token and Idempotency-Key extractors,
-//! problem+json errors, request logging and the OpenAPI document. Handlers
+//! The HTTP door: routes, bearer-token sign-in and `Idempotency-Key`
+//! parsing (`auth`, `plans`), problem+json errors, request logging and the
+//! OpenAPI document. Handlers
 //! translate HTTP to a domain call and back; every database call runs
 //! inside `web::block`.
 

@@ -23,7 +23,7 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
 #[utoipa::path(post, path = "/v1/plans", tag = "plans",
     request_body(content = PlanRequest, content_type = "application/json"),
     params(
-        ("Idempotency-Key" = String, Header, pattern = r#"^([!-~]{1,255}|"([ !#-\[\]-~]|\\["\\])+")$"#, description = "1-255 visible ASCII characters, bare or as an RFC 8941 string; the same for every retry of one request"),
+        ("Idempotency-Key" = String, Header, pattern = r#"^([!#-~][!-~]{0,254}|"([!#-\[\]-~]|\\["\\]){1,255}")$"#, description = "1-255 visible ASCII characters, bare or as an RFC 8941 string; the same for every retry of one request"),
     ),
     security(("bearer" = [])),
     responses(

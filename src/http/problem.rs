@@ -148,75 +148,70 @@ pub enum NotYours {
     NotFound(Problem),
 }
 
+/// What an answer's kind decides, all in one place: its status, its
+/// problem type (the slug under `PROBLEM_BASE`) and title, the label a
+/// refused `POST /v1/plans` is counted under, and whether it says when to
+/// retry (`Retry-After`).
+struct Kind {
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    label: &'static str,
+    retry_after: bool,
+}
+
+const fn kind(
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    label: &'static str,
+    retry_after: bool,
+) -> Kind {
+    Kind {
+        status,
+        slug,
+        title,
+        label,
+        retry_after,
+    }
+}
+
 impl ApiError {
-    /// The label under which a refused `POST /v1/plans` is counted.
-    pub fn outcome_label(&self) -> &'static str {
+    /// Every kind of answer, one row each.
+    #[rustfmt::skip]
+    fn kind(&self) -> Kind {
+        use StatusCode as S;
+        const UNAVAILABLE: &str = "Service Unavailable";
         match self {
-            ApiError::Unauthorized(_) => "unauthorized",
-            ApiError::Forbidden(_) => "forbidden",
-            ApiError::KeyReused => "key_reused",
-            ApiError::Unavailable(_)
-            | ApiError::Timeout(_)
-            | ApiError::BodiesInFlight
-            | ApiError::StrangersTurnedAway
-            | ApiError::CommitsBlocked => "unavailable",
-            ApiError::Throttled(_) => "throttled",
-            ApiError::Refused(_) => "refused",
-            ApiError::Internal(_) => "error",
-            ApiError::NotFound
-            | ApiError::NotLoggedYet(_)
-            | ApiError::MethodNotAllowed(_)
-            | ApiError::BadIdempotencyKey(_)
-            | ApiError::MalformedJson(_)
-            | ApiError::BadQuery(_)
-            | ApiError::CursorNotInFeed(_)
-            | ApiError::Invalid(_)
-            | ApiError::PayloadTooLarge(_)
-            | ApiError::UnsupportedMediaType(_)
-            | ApiError::SlowClient(_)
-            | ApiError::SlowHead(_)
-            | ApiError::MalformedHead
-            | ApiError::HeadTooLarge => "invalid",
+            ApiError::Unauthorized(_) => kind(S::UNAUTHORIZED, "unauthorized", "Unauthorized", "unauthorized", false),
+            ApiError::Forbidden(_) => kind(S::FORBIDDEN, "forbidden", "Forbidden", "forbidden", false),
+            ApiError::NotFound => kind(S::NOT_FOUND, "not-found", "Not Found", "invalid", false),
+            ApiError::NotLoggedYet(_) => kind(S::NOT_FOUND, "not-logged-yet", "Not In A Checkpoint Yet", "invalid", true),
+            ApiError::MethodNotAllowed(_) => kind(S::METHOD_NOT_ALLOWED, "method-not-allowed", "Method Not Allowed", "invalid", false),
+            ApiError::BadIdempotencyKey(_) => kind(S::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key", "invalid", false),
+            ApiError::MalformedJson(_) => kind(S::BAD_REQUEST, "malformed-json", "Malformed JSON", "invalid", false),
+            ApiError::BadQuery(_) => kind(S::BAD_REQUEST, "invalid-query", "Invalid Query Parameters", "invalid", false),
+            ApiError::CursorNotInFeed(_) => kind(S::BAD_REQUEST, "cursor-not-in-feed", "Cursor Not In This Feed", "invalid", false),
+            ApiError::MalformedHead => kind(S::BAD_REQUEST, "malformed-request", "Bad Request", "invalid", false),
+            ApiError::Invalid(_) => kind(S::UNPROCESSABLE_ENTITY, "validation-failed", "Validation Failed", "invalid", false),
+            ApiError::KeyReused => kind(S::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency Key Reused", "key_reused", false),
+            ApiError::Refused(_) => kind(S::UNPROCESSABLE_ENTITY, "refused-by-database", "Refused by a Database Rule", "refused", false),
+            ApiError::PayloadTooLarge(_) => kind(S::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload Too Large", "invalid", false),
+            ApiError::UnsupportedMediaType(_) => kind(S::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported Media Type", "invalid", false),
+            ApiError::SlowClient(_) | ApiError::SlowHead(_) => kind(S::REQUEST_TIMEOUT, "request-timeout", "Request Timeout", "invalid", false),
+            ApiError::HeadTooLarge => kind(S::REQUEST_HEADER_FIELDS_TOO_LARGE, "request-header-fields-too-large", "Request Header Fields Too Large", "invalid", false),
+            ApiError::Throttled(_) => kind(S::TOO_MANY_REQUESTS, "throttled", "Too Many Requests", "throttled", true),
+            ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => kind(S::SERVICE_UNAVAILABLE, "busy", UNAVAILABLE, "unavailable", true),
+            ApiError::CommitsBlocked => kind(S::SERVICE_UNAVAILABLE, "commits-blocked", UNAVAILABLE, "unavailable", true),
+            ApiError::Unavailable(_) => kind(S::SERVICE_UNAVAILABLE, "unavailable", UNAVAILABLE, "unavailable", true),
+            ApiError::Timeout(_) => kind(S::SERVICE_UNAVAILABLE, "timeout", UNAVAILABLE, "unavailable", true),
+            ApiError::Internal(_) => kind(S::INTERNAL_SERVER_ERROR, "internal", "Internal Server Error", "error", false),
         }
     }
 
-    fn slug_and_title(&self) -> (&'static str, &'static str) {
-        match self {
-            ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
-            ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
-            ApiError::NotFound => ("not-found", "Not Found"),
-            ApiError::NotLoggedYet(_) => ("not-logged-yet", "Not In A Checkpoint Yet"),
-            ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method Not Allowed"),
-            ApiError::BadIdempotencyKey(_) => {
-                ("invalid-idempotency-key", "Invalid Idempotency-Key")
-            }
-            ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
-            ApiError::BadQuery(_) => ("invalid-query", "Invalid Query Parameters"),
-            ApiError::CursorNotInFeed(_) => ("cursor-not-in-feed", "Cursor Not In This Feed"),
-            ApiError::Invalid(_) => ("validation-failed", "Validation Failed"),
-            ApiError::KeyReused => ("idempotency-key-reused", "Idempotency Key Reused"),
-            ApiError::PayloadTooLarge(_) => ("payload-too-large", "Payload Too Large"),
-            ApiError::UnsupportedMediaType(_) => {
-                ("unsupported-media-type", "Unsupported Media Type")
-            }
-            ApiError::Refused(_) => ("refused-by-database", "Refused by a Database Rule"),
-            ApiError::Throttled(_) => ("throttled", "Too Many Requests"),
-            ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => {
-                ("busy", "Service Unavailable")
-            }
-            ApiError::SlowClient(_) | ApiError::SlowHead(_) => {
-                ("request-timeout", "Request Timeout")
-            }
-            ApiError::MalformedHead => ("malformed-request", "Bad Request"),
-            ApiError::HeadTooLarge => (
-                "request-header-fields-too-large",
-                "Request Header Fields Too Large",
-            ),
-            ApiError::Unavailable(_) => ("unavailable", "Service Unavailable"),
-            ApiError::CommitsBlocked => ("commits-blocked", "Service Unavailable"),
-            ApiError::Timeout(_) => ("timeout", "Service Unavailable"),
-            ApiError::Internal(_) => ("internal", "Internal Server Error"),
-        }
+    /// The label under which a refused `POST /v1/plans` is counted.
+    pub fn outcome_label(&self) -> &'static str {
+        self.kind().label
     }
 
     fn detail(&self) -> String {
@@ -241,7 +236,7 @@ impl ApiError {
 impl ApiError {
     /// The problem+json body of this answer.
     pub fn problem(&self, status: StatusCode) -> Problem {
-        let (slug, title) = self.slug_and_title();
+        let Kind { slug, title, .. } = self.kind();
         Problem {
             kind: format!("{PROBLEM_BASE}{slug}"),
             title: title.to_owned(),
@@ -257,31 +252,7 @@ impl ApiError {
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        match self {
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::NotFound | ApiError::NotLoggedYet(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::BadIdempotencyKey(_)
-            | ApiError::MalformedJson(_)
-            | ApiError::BadQuery(_)
-            | ApiError::CursorNotInFeed(_)
-            | ApiError::MalformedHead => StatusCode::BAD_REQUEST,
-            ApiError::Invalid(_) | ApiError::KeyReused | ApiError::Refused(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable(_)
-            | ApiError::Timeout(_)
-            | ApiError::BodiesInFlight
-            | ApiError::StrangersTurnedAway
-            | ApiError::CommitsBlocked => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::SlowClient(_) | ApiError::SlowHead(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.kind().status
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -298,19 +269,13 @@ impl ResponseError for ApiError {
         let problem = self.problem(status);
         let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
+        if self.kind().retry_after {
+            response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
+        }
         match self {
             ApiError::Unauthorized(_) => {
                 response
                     .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
-            }
-            ApiError::Unavailable(_)
-            | ApiError::Timeout(_)
-            | ApiError::BodiesInFlight
-            | ApiError::StrangersTurnedAway
-            | ApiError::CommitsBlocked
-            | ApiError::NotLoggedYet(_)
-            | ApiError::Throttled(_) => {
-                response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS.to_string()));
             }
             ApiError::MethodNotAllowed(allow) => {
                 response.insert_header((header::ALLOW, *allow));

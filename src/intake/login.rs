@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::deadline::Deadline;
 use crate::storage::logins::{self as repo, LoginRow, NewLogin};
-use crate::storage::{Database, DbConn, PooledConn, StorageError};
+use crate::storage::{Database, DbConn, StorageError};
 
 pub const MAX_NAME_CHARS: usize = 64;
 const TOKEN_PREFIX: &str = "pit_";
@@ -157,7 +157,7 @@ pub fn create_handed_over(
     hand_over: impl FnOnce(&str) -> std::io::Result<()>,
 ) -> Result<String, LoginError> {
     validate_name(name)?;
-    repo::require_admin(conn, "logins add")?;
+    repo::require_admin(conn)?;
     if permissions.is_empty() {
         return Err(LoginError::Invalid(
             "a login needs at least one --permission".to_owned(),
@@ -174,7 +174,7 @@ pub fn create_handed_over(
         name,
         token_hash: &hash,
         permissions: &stored_permissions,
-        created_at: super::submit::now_micros(),
+        created_at: crate::clock::now_micros(),
     };
     crate::storage::in_transaction(conn, |conn| {
         match repo::insert(conn, &login) {
@@ -189,29 +189,19 @@ pub fn create_handed_over(
     Ok(token)
 }
 
-/// The active login that owns `token`, if any, and the connection it was
-/// found on (for the request's next step). A pooled connection found dead is
-/// replaced and the lookup made again, within the deadline.
-pub(crate) fn find(
-    db: &Database,
-    deadline: &Deadline,
-    token: &str,
-) -> Result<(Option<Login>, PooledConn), LoginError> {
-    find_by_hash(db, deadline, &token_hash(token))
-}
-
-/// [`find`] for a token already hashed.
+/// The active login whose token hashes to `hash`, if any. A pooled
+/// connection found dead is replaced and the lookup made again, within the
+/// deadline.
 pub(crate) fn find_by_hash(
     db: &Database,
     deadline: &Deadline,
     hash: &str,
-) -> Result<(Option<Login>, PooledConn), LoginError> {
-    let now = super::submit::now_micros();
-    let (row, conn) = db.read_on(deadline, |conn| {
+) -> Result<Option<Login>, LoginError> {
+    let now = crate::clock::now_micros();
+    let row = db.read(deadline, |conn| {
         repo::find_active_by_token_hash(conn, hash, now)
     })?;
-    let login = row.map(login_of).transpose()?;
-    Ok((login, conn))
+    row.map(login_of).transpose()
 }
 
 /// A caller signed in to submit: its login, and the hash of the token it
@@ -401,7 +391,7 @@ pub(crate) fn remember_active(
     known: &KnownLogins,
     deadline: &Deadline,
 ) -> Result<(), LoginError> {
-    let now = super::submit::now_micros();
+    let now = crate::clock::now_micros();
     let rows = db.read(deadline, repo::all_active)?;
     for row in rows {
         let hashes = [
@@ -423,7 +413,7 @@ pub(crate) fn remember_active(
 /// request (tests, tools), with a deadline of its own.
 pub fn login_for_token(db: &Database, token: &str) -> Result<Option<Login>, LoginError> {
     let deadline = Deadline::after(Duration::from_secs(10));
-    Ok(find(db, &deadline, token)?.0)
+    find_by_hash(db, &deadline, &token_hash(token))
 }
 
 /// The login a stored row describes.
@@ -444,8 +434,8 @@ pub fn list(conn: &mut DbConn) -> Result<Vec<LoginRow>, LoginError> {
 }
 
 pub fn revoke(conn: &mut DbConn, name: &str) -> Result<(), LoginError> {
-    repo::require_admin(conn, "logins revoke")?;
-    if repo::revoke(conn, name, super::submit::now_micros())? {
+    repo::require_admin(conn)?;
+    if repo::revoke(conn, name, crate::clock::now_micros())? {
         Ok(())
     } else {
         Err(LoginError::NotFound(name.to_owned()))
@@ -468,10 +458,10 @@ pub fn rotate_handed_over(
     grace: Duration,
     hand_over: impl FnOnce(&str) -> std::io::Result<()>,
 ) -> Result<String, LoginError> {
-    repo::require_admin(conn, "logins rotate")?;
+    repo::require_admin(conn)?;
     let grace = chrono::TimeDelta::from_std(grace)
         .map_err(|_| LoginError::Invalid("the grace period is too long".to_owned()))?;
-    let until = super::submit::now_micros()
+    let until = crate::clock::now_micros()
         .checked_add_signed(grace)
         .ok_or_else(|| LoginError::Invalid("the grace period is too long".to_owned()))?;
     let token = new_token();

@@ -145,7 +145,7 @@ impl Intake {
     /// lookup, remembered for [`Intake::known_caller`].
     pub fn sign_in(&self, deadline: &Deadline, token: &str) -> Result<Option<Caller>, ReadError> {
         let token_hash = login::token_hash(token);
-        let Some(login) = login::find_by_hash(&self.db, deadline, &token_hash)?.0 else {
+        let Some(login) = login::find_by_hash(&self.db, deadline, &token_hash)? else {
             self.unknown(&token_hash);
             return Ok(None);
         };
@@ -161,7 +161,7 @@ impl Intake {
         token: &str,
     ) -> Result<Option<Login>, ReadError> {
         let token_hash = login::token_hash(token);
-        let found = login::find_by_hash(&self.db, deadline, &token_hash)?.0;
+        let found = login::find_by_hash(&self.db, deadline, &token_hash)?;
         match &found {
             Some(login) => self.known.remember(&token_hash, login),
             None => self.unknown(&token_hash),
@@ -363,7 +363,7 @@ impl Intake {
             limit,
             &writer,
             signed,
-            submit::now_micros(),
+            crate::clock::now_micros(),
         )?)
     }
 
@@ -373,7 +373,7 @@ impl Intake {
         let Some(key) = self.signing_key() else {
             return Ok(());
         };
-        let now = submit::now_micros();
+        let now = crate::clock::now_micros();
         self.db.read(deadline, |conn| {
             crate::storage::receipt_log::record_key_use(conn, key.key_id(), key.verifier_key(), now)
         })?;
@@ -387,7 +387,7 @@ impl Intake {
         key: &signing::SigningKey,
         deadline: &Deadline,
     ) -> Result<(), ReadError> {
-        let now = submit::now_micros();
+        let now = crate::clock::now_micros();
         self.db.read(deadline, |conn| {
             crate::storage::receipt_log::publish_key(conn, key.key_id(), key.verifier_key(), now)
         })?;

@@ -31,11 +31,10 @@ pub fn prune_keys(
     batch: u32,
     dry_run: bool,
 ) -> Result<Pruned, StorageError> {
-    let age = chrono::TimeDelta::from_std(older_than)
-        .map_err(|_| StorageError::Config("--older-than is too long".to_owned()))?;
-    let before = super::submit::now_micros()
+    let age = chrono::TimeDelta::from_std(older_than).map_err(|_| too_old(older_than))?;
+    let before = crate::clock::now_micros()
         .checked_sub_signed(age)
-        .ok_or_else(|| StorageError::Config("--older-than is too long".to_owned()))?;
+        .ok_or_else(|| too_old(older_than))?;
     if dry_run {
         let keys = plans::count_keys_before(conn, before)?;
         return Ok(Pruned {
@@ -51,4 +50,12 @@ pub fn prune_keys(
             return Ok(Pruned { keys, dry_run });
         }
     }
+}
+
+/// An age that reaches before the calendar's start.
+fn too_old(older_than: Duration) -> StorageError {
+    StorageError::Config(format!(
+        "keys older than {} would reach before the calendar's start",
+        humantime::format_duration(older_than)
+    ))
 }

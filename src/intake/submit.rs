@@ -2,8 +2,6 @@
 //! resolve a loser by lookups made after its transaction rolled back, retry
 //! what the server rolled back, and re-read what COMMIT left unknown.
 
-use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
-
 use super::hashing::CanonicalParts;
 use super::receipt::CorruptRow;
 use super::signing::{ReceiptSignature, SigningKey};
@@ -505,7 +503,7 @@ fn new_plan(
         content: parts.content.to_owned(),
         approved_inputs: parts.approved_inputs.clone(),
         permissions: serde_json::Value::from(login.permission_names()).to_string(),
-        received_at: now_micros(),
+        received_at: crate::clock::now_micros(),
         receipt_signature: None,
     };
     if let Some(key) = signer {
@@ -524,12 +522,4 @@ fn new_plan(
 fn new_receipt_id() -> String {
     let bits: u128 = rand::random();
     format!("rcpt_{bits:032x}")
-}
-
-/// Now, in UTC, cut to the microseconds both backends keep.
-pub fn now_micros() -> NaiveDateTime {
-    let now = Utc::now();
-    now.duration_trunc(TimeDelta::microseconds(1))
-        .unwrap_or(now)
-        .naive_utc()
 }

@@ -43,12 +43,12 @@ pub enum StorageError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A command that changes the schema or the logins, run as a role that
-    /// may only read and write rows (the service's).
+    /// A change of the schema or of the logins, asked of a role that may
+    /// only read and write rows (the service's).
     #[error(
-        "`{command}` needs the owner of the database objects, and role `{role}` is not: connect as the owner (the service's own role needs only the grants `plan-intake migrate grants ROLE` prints)"
+        "{change} needs the owner of the database objects, and role `{role}` is not: connect as the owner"
     )]
-    NeedsOwner { command: &'static str, role: String },
+    NeedsOwner { change: &'static str, role: String },
     #[error(transparent)]
     Query(#[from] DieselError),
 }

@@ -139,11 +139,11 @@ pub fn revoke(conn: &mut DbConn, name: &str, at: NaiveDateTime) -> QueryResult<b
 
 /// Refuses, in one line, a role that may not change logins (the service's
 /// role may only read them). SQLite has no roles.
-pub fn require_admin(conn: &mut DbConn, command: &'static str) -> Result<(), StorageError> {
+pub fn require_admin(conn: &mut DbConn) -> Result<(), StorageError> {
     match conn {
         DbConn::Postgres(pg) => super::migrations::require(
             pg,
-            command,
+            "changing logins",
             "SELECT has_table_privilege('logins', 'INSERT') AND has_table_privilege('logins', 'UPDATE') AS flag",
         ),
         DbConn::Sqlite(_) => Ok(()),

@@ -91,31 +91,31 @@ pub fn applied(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
 
 /// Refuses, in one line, a role that may not change the schema (Postgres:
 /// it cannot create in the schema, or does not own the tables).
-pub fn require_owner(conn: &mut DbConn, command: &'static str) -> Result<(), StorageError> {
+pub fn require_owner(conn: &mut DbConn) -> Result<(), StorageError> {
     let DbConn::Postgres(pg) = conn else {
         return Ok(());
     };
     require(
         pg,
-        command,
+        "changing the schema",
         "SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false)
             AND COALESCE((SELECT pg_has_role(current_user, c.relowner, 'USAGE')
                             FROM pg_class c WHERE c.oid = to_regclass('plans')), true) AS flag",
     )
 }
 
-/// Runs `may_sql` (one boolean column `flag`); false refuses `command` in
+/// Runs `may_sql` (one boolean column `flag`); false refuses `change` in
 /// one line naming the role.
 pub(super) fn require(
     pg: &mut diesel::PgConnection,
-    command: &'static str,
+    change: &'static str,
     may_sql: &str,
 ) -> Result<(), StorageError> {
     if diesel::sql_query(may_sql).get_result::<Flag>(pg)?.flag {
         Ok(())
     } else {
         Err(StorageError::NeedsOwner {
-            command,
+            change,
             role: current_role(pg)?,
         })
     }
@@ -138,7 +138,7 @@ pub fn run_pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
     if pending(conn)?.is_empty() {
         return Ok(Vec::new());
     }
-    require_owner(conn, "migrate run")?;
+    require_owner(conn)?;
     let result = match conn {
         DbConn::Postgres(pg) => {
             diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
@@ -346,7 +346,7 @@ where
 
 /// Reverts the most recent migration; returns its name.
 pub fn revert_last(conn: &mut DbConn) -> Result<String, StorageError> {
-    require_owner(conn, "migrate revert")?;
+    require_owner(conn)?;
     let (result, source) = match conn {
         DbConn::Postgres(pg) => (pg.revert_last_migration(POSTGRES), POSTGRES),
         DbConn::Sqlite(lite) => (lite.revert_last_migration(SQLITE), SQLITE),

@@ -167,20 +167,20 @@ impl Database {
         checkout(&self.pool, &self.waiting, timeout)
     }
 
-    /// Runs a read `step` on a pooled connection and hands the connection
-    /// back with its result. A connection found dead (the server restarted
-    /// since it was pooled) is discarded and the step runs again on another,
-    /// as often as the pool could hold stale ones, within the deadline.
-    pub fn read_on<T>(
+    /// Runs a read `step` on a pooled connection. A connection found dead
+    /// (the server restarted since it was pooled) is discarded and the step
+    /// runs again on another, as often as the pool could hold stale ones,
+    /// within the deadline.
+    pub fn read<T>(
         &self,
         deadline: &Deadline,
         mut step: impl FnMut(&mut DbConn) -> diesel::QueryResult<T>,
-    ) -> Result<(T, PooledConn), StorageError> {
+    ) -> Result<T, StorageError> {
         let mut tries = self.pool.max_size() + 1;
         loop {
             let mut conn = self.conn_within(deadline)?;
             let error = match step(&mut conn) {
-                Ok(value) => return Ok((value, conn)),
+                Ok(value) => return Ok(value),
                 Err(error) => error,
             };
             let broken = !with_conn!(&mut *conn, c => is_alive(c));
@@ -191,15 +191,6 @@ impl Database {
             tracing::info!(%error, "a pooled connection was lost; trying another");
             drop(conn);
         }
-    }
-
-    /// [`Database::read_on`], keeping only the result.
-    pub fn read<T>(
-        &self,
-        deadline: &Deadline,
-        step: impl FnMut(&mut DbConn) -> diesel::QueryResult<T>,
-    ) -> Result<T, StorageError> {
-        self.read_on(deadline, step).map(|(value, _)| value)
     }
 
     /// Writes a plan and its key row, both or neither, waiting for locks no

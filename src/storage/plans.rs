@@ -87,23 +87,6 @@ struct NewIntakeKey<'a> {
 }
 
 impl NewPlan {
-    /// This plan as the row it became under `id`.
-    pub fn stored_as(&self, id: i64) -> PlanRow {
-        PlanRow {
-            id,
-            receipt_id: self.receipt_id.clone(),
-            maker: self.maker.clone(),
-            run_id: self.run_id.clone(),
-            content_hash: self.content_hash.clone(),
-            request_hash: self.request_hash.clone(),
-            content: self.content.clone(),
-            approved_inputs: self.approved_inputs.clone(),
-            permissions: self.permissions.clone(),
-            received_at: self.received_at,
-            receipt_signature: self.receipt_signature.clone(),
-        }
-    }
-
     /// True when `row` is exactly this plan as written: its own receipt id
     /// and every column. A row that merely shares the key is another attempt's.
     pub fn is_stored_as(&self, row: &PlanRow) -> bool {

@@ -219,6 +219,73 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("/openapi.json", "get", &["200"]),
 ];
 
+/// The document's pattern for `Idempotency-Key` accepts exactly what the
+/// service's parser accepts: the same strings fed to both.
+#[actix_web::test]
+async fn the_openapi_key_pattern_is_the_parser() {
+    let app = TestApp::new(TestDb::sqlite());
+    let service = app.service().await;
+    let doc = send(&service, TestRequest::get().uri("/openapi.json"))
+        .await
+        .body;
+    let pattern = doc["paths"]["/v1/plans"]["post"]["parameters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "Idempotency-Key")
+        .and_then(|p| p["schema"]["pattern"].as_str())
+        .expect("the key's pattern");
+    let pattern = regex::Regex::new(pattern).expect("a regular expression");
+    let mut keys: Vec<String> = [
+        "k",
+        "key-1",
+        "a b",
+        " k",
+        "k ",
+        "\"k\"",
+        "\"a b\"",
+        "\"\"",
+        "\"",
+        "\"k",
+        "k\"",
+        "\"a\\\"b\"",
+        "\"a\\\\b\"",
+        "\"a\\b\"",
+        "\"a\"b\"",
+        "\"a\"\"",
+        "é",
+        "\"é\"",
+        "\t",
+        "\"k\" ",
+        "\"\\\"\"",
+    ]
+    .iter()
+    .map(|k| k.to_string())
+    .collect();
+    for n in [254, 255, 256] {
+        keys.push("k".repeat(n));
+        keys.push(format!("\"{}\"", "k".repeat(n)));
+        keys.push(format!("\"{}\"", "\\\"".repeat(n)));
+    }
+    // Every short string over the characters that matter.
+    let alphabet = ['a', ' ', '"', '\\', '~', '\u{7f}'];
+    let mut short = vec![String::new()];
+    for _ in 0..4 {
+        short = short
+            .iter()
+            .flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}")))
+            .collect();
+        keys.extend(short.iter().cloned());
+    }
+    for key in keys {
+        assert_eq!(
+            pattern.is_match(&key),
+            plan_intake::intake::IdempotencyKey::parse(&key).is_ok(),
+            "the pattern and the parser disagree on {key:?}"
+        );
+    }
+}
+
 #[actix_web::test]
 async fn the_openapi_document_covers_every_route_status_and_header() {
     let app = TestApp::new(TestDb::sqlite());

@@ -454,7 +454,7 @@ pub fn competing_plan(maker: &str, body: &str) -> plan_intake::storage::plans::N
         content: parts.content.to_owned(),
         approved_inputs: parts.approved_inputs,
         permissions: r#"["plans:submit"]"#.to_owned(),
-        received_at: plan_intake::intake::submit::now_micros(),
+        received_at: plan_intake::clock::now_micros(),
         receipt_signature: None,
     }
 }
