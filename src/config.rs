@@ -1,9 +1,7 @@
-//! The service's typed configuration, filled from flags and environment by `main`.
+//! The HTTP settings and the service's defaults, each written once; `main`
+//! fills them from flags and environment. Uses no other room.
 
 use std::time::Duration;
-
-use crate::intake::RetryPolicy;
-use crate::storage::PoolOptions;
 
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
@@ -50,29 +48,6 @@ impl Default for HttpConfig {
             client_timeout: DEFAULT_CLIENT_TIMEOUT,
         }
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub bind: String,
-    pub database_url: String,
-    pub pool: PoolOptions,
-    pub http: HttpConfig,
-    pub retry: RetryPolicy,
-    /// Apply pending migrations at start (false: refuse to start while any are pending).
-    pub migrate: bool,
-    /// How long a stopping server waits for requests in flight.
-    pub shutdown_timeout_secs: u64,
-    /// HTTP worker threads; `None`: one per CPU.
-    pub workers: Option<usize>,
-    /// Keys loaded at start: the first signs new receipts and checkpoints,
-    /// the rest stay published (rotation). Empty: nothing is signed.
-    pub signing_keys: Vec<std::sync::Arc<crate::intake::signing::SigningKey>>,
-    /// The first line of every checkpoint of the receipt log.
-    pub log_origin: String,
-    /// Where this instance keeps the last checkpoint it signed, outside
-    /// the database: a tree that does not extend it is never signed.
-    pub checkpoint_file: Option<std::path::PathBuf>,
 }
 
 /// The receipt log's origin when none is given.

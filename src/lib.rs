@@ -12,5 +12,6 @@ pub mod intake;
 pub mod metrics;
 pub mod report;
 pub mod serve;
+pub mod stdout;
 pub mod storage;
 pub mod verify;

@@ -14,13 +14,13 @@ use plan_intake::client::{self, Client, FollowError, FollowOptions, SubmitError,
 use plan_intake::config::{
     DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_DATABASE_URL,
     DEFAULT_FEED_PAGE_BYTES, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, ServeConfig,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig,
 };
 use plan_intake::evidence;
 use plan_intake::intake::login::{self as logins, LoginError};
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::intake::{Permission, RetryPolicy};
-use plan_intake::serve::{self, ServeError};
+use plan_intake::serve::{self, ServeConfig, ServeError};
 use plan_intake::storage::{
     Database, DbConn, MigrateOnOpen, PgPooler, PoolOptions, StorageError, migrations,
 };
@@ -407,7 +407,7 @@ fn main() -> ExitCode {
 /// panic.
 macro_rules! say {
     ($($arg:tt)*) => {
-        client::stdout::line(&format!($($arg)*)).map_err(CommandError::Output)?
+        plan_intake::stdout::line(&format!($($arg)*)).map_err(CommandError::Output)?
     };
 }
 
@@ -659,7 +659,7 @@ fn run(command: Command) -> Result<(), CommandError> {
             let followed = if options.exec.is_some() {
                 client::follow(&client, &options, &stop, &mut std::io::sink())?
             } else {
-                let mut out = client::stdout::open().map_err(FollowError::Output)?;
+                let mut out = plan_intake::stdout::open().map_err(FollowError::Output)?;
                 client::follow(&client, &options, &stop, &mut out)?
             };
             eprintln!(
@@ -895,7 +895,7 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandE
         LoginsAction::Add { name, permissions } => {
             // Printed before the login is committed: no login without its token.
             logins::create_handed_over(&mut conn, &name, &permissions, |token| {
-                client::stdout::line(token)
+                plan_intake::stdout::line(token)
             })?;
             eprintln!("created login `{name}`; the token above is shown only once");
         }
@@ -919,7 +919,7 @@ fn manage_logins(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandE
         }
         LoginsAction::Rotate { name, grace } => {
             logins::rotate_handed_over(&mut conn, &name, grace, |token| {
-                client::stdout::line(token)
+                plan_intake::stdout::line(token)
             })?;
             eprintln!(
                 "new token for login `{name}`, shown only once; the previous one works for {} more",

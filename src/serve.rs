@@ -11,12 +11,36 @@ use actix_web::dev::AppConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::config::ServeConfig;
+use crate::config::HttpConfig;
 use crate::deadline::Deadline;
 use crate::http::{self, AppState};
-use crate::intake::Intake;
+use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
-use crate::storage::{Database, MigrateOnOpen, StorageError};
+use crate::storage::{Database, MigrateOnOpen, PoolOptions, StorageError};
+
+/// Everything `serve` runs with, filled from flags and environment by `main`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub bind: String,
+    pub database_url: String,
+    pub pool: PoolOptions,
+    pub http: HttpConfig,
+    pub retry: RetryPolicy,
+    /// Apply pending migrations at start (false: refuse to start while any are pending).
+    pub migrate: bool,
+    /// How long a stopping server waits for requests in flight.
+    pub shutdown_timeout_secs: u64,
+    /// HTTP worker threads; `None`: one per CPU.
+    pub workers: Option<usize>,
+    /// Keys loaded at start: the first signs new receipts and checkpoints,
+    /// the rest stay published (rotation). Empty: nothing is signed.
+    pub signing_keys: Vec<std::sync::Arc<crate::intake::signing::SigningKey>>,
+    /// The first line of every checkpoint of the receipt log.
+    pub log_origin: String,
+    /// Where this instance keeps the last checkpoint it signed, outside
+    /// the database: a tree that does not extend it is never signed.
+    pub checkpoint_file: Option<std::path::PathBuf>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -150,7 +174,7 @@ const KEY_USE_EVERY: Duration = Duration::from_secs(60);
 /// and read back at start: a database restored to before it (or a
 /// failover that lost it) is then never signed over.
 fn keep_receipt_log_appended(intake: Intake, origin: String, checkpoint_file: Option<PathBuf>) {
-    let limit = match intake.db.backend {
+    let limit = match intake.backend() {
         crate::storage::Backend::Sqlite => APPEND_LIMIT_SQLITE,
         crate::storage::Backend::Postgres => APPEND_LIMIT,
     };

@@ -127,7 +127,7 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
                 format!("FAIL  {}: {}", check.name, crate::report::chain(e))
             }
         };
-        crate::client::stdout::line(&line).map_err(VerifyError::Output)?;
+        crate::stdout::line(&line).map_err(VerifyError::Output)?;
     }
     Ok(failed)
 }
@@ -351,7 +351,7 @@ pub fn contend(url: &str) -> Result<String, VerifyError> {
         .map_err(|e| VerifyError::could_not("the contender's key is refused", e))?;
     let submission = body::parse(CONTENDER_BODY.as_bytes())
         .map_err(|e| VerifyError::could_not("the contender's plan is refused", e))?;
-    crate::client::stdout::line(CONTENDER_READY).map_err(VerifyError::Output)?;
+    crate::stdout::line(CONTENDER_READY).map_err(VerifyError::Output)?;
     let mut gate = String::new();
     std::io::stdin()
         .read_line(&mut gate)

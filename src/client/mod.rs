@@ -24,7 +24,6 @@
 //! ```
 
 mod follow;
-pub mod stdout;
 mod submit;
 
 use std::io::Read;

@@ -46,7 +46,7 @@ use login::KnownLogins;
 /// `feed_changes` blocks: call it from `web::block`.
 #[derive(Clone)]
 pub struct Intake {
-    pub db: Database,
+    db: Database,
     pub retry: RetryPolicy,
     pub metrics: Metrics,
     known: std::sync::Arc<KnownLogins>,
@@ -58,6 +58,11 @@ pub struct Intake {
 
 impl Intake {
     pub fn new(db: Database, retry: RetryPolicy, metrics: Metrics) -> Self {
+        metrics.expect_retry_classes(
+            crate::storage::errors::TransientCause::ALL
+                .iter()
+                .map(|cause| cause.as_str()),
+        );
         db.observe_batches(metrics.write_batches(match db.backend {
             crate::storage::Backend::Postgres => "postgres",
             crate::storage::Backend::Sqlite => "sqlite",
@@ -76,6 +81,18 @@ impl Intake {
     pub fn signing_with(mut self, key: std::sync::Arc<signing::SigningKey>) -> Self {
         self.signing = Some(key);
         self
+    }
+
+    /// The database this facade stands in front of: for the tests' seams
+    /// only (`tests/it/layers.rs` holds every room to never call it).
+    #[cfg(feature = "test-seams")]
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Which backend the plans are kept on.
+    pub fn backend(&self) -> crate::storage::Backend {
+        self.db.backend
     }
 
     /// The key new receipts are signed with, if any.
@@ -491,7 +508,7 @@ impl Intake {
 
     /// Brings the pool's gauges up to date, for a scrape.
     pub fn record_pool_gauges(&self) {
-        let pool = self.db.pool.state();
+        let pool = self.db.pool_state();
         self.metrics
             .set_pool(pool.connections, pool.idle_connections, self.db.waiters());
         self.metrics

@@ -40,7 +40,7 @@ use crate::deadline::Deadline;
 /// An opened database: the pool, and what it points at.
 #[derive(Clone)]
 pub struct Database {
-    pub pool: DbPool,
+    pool: DbPool,
     pub backend: Backend,
     checkout_timeout: std::time::Duration,
     /// Callers inside `conn()` right now (r2d2 does not count its waiters).
@@ -150,6 +150,18 @@ impl Database {
                 wake_readers,
             )),
         })
+    }
+
+    /// How many connections the pool holds, and how many are idle.
+    pub fn pool_state(&self) -> diesel::r2d2::State {
+        self.pool.state()
+    }
+
+    /// The pool itself: for the tests' seams only (`tests/it/layers.rs`
+    /// holds every room to never call it).
+    #[cfg(feature = "test-seams")]
+    pub fn pool_for_tests(&self) -> &DbPool {
+        &self.pool
     }
 
     /// A pooled connection, or `Unavailable` when none frees up within the
@@ -278,7 +290,7 @@ impl Database {
 
     /// Where write batches are counted: their sizes (either backend) and,
     /// on Postgres, batches split into single writes by a failure.
-    pub fn observe_batches(&self, metrics: pg_batch::BatchMetrics) {
+    pub fn observe_batches(&self, metrics: crate::metrics::BatchMetrics) {
         match self.backend {
             Backend::Postgres => self.pg_writers.observe(metrics),
             Backend::Sqlite => self.writers.observe_batch_sizes(metrics.sizes),

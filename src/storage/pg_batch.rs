@@ -42,6 +42,7 @@ use super::group_commit::batch_failed;
 use super::plans::{self, BatchEntry, BatchFailure, NewPlan, WriteFailure, Written};
 use super::{DbConn, PooledConn};
 use crate::deadline::Deadline;
+use crate::metrics::BatchMetrics;
 
 type WriteResult = Result<Written, WriteFailure>;
 
@@ -123,13 +124,6 @@ pub struct PgWriteQueue {
     /// The writer threads, joined when the queue goes: their pool
     /// connections are then closed properly before the process ends.
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-}
-
-/// Where the queue reports: each batch's size, and each batch a failure
-/// split into plans written one by one.
-pub struct BatchMetrics {
-    pub sizes: prometheus::Histogram,
-    pub split: prometheus::IntCounter,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -192,7 +192,7 @@ async fn a_replay_is_answered_from_a_read_while_writes_are_locked_out(db: TestDb
 /// deadline answered for has ended.
 async fn pool_settles(app: &TestApp) {
     crate::support::wait_until("the timed-out work gave its connections back", || {
-        let pool = app.intake.db.pool.state();
+        let pool = app.intake.database().pool_state();
         pool.connections == pool.idle_connections
     })
     .await;

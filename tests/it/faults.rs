@@ -356,7 +356,7 @@ async fn sqlite_busy_is_retried_and_counted_then_503_when_the_lock_outlives_the_
 
     // A patient write path, and a lock released once it has been retried.
     let patient = Intake::new(
-        app.intake.db.clone(),
+        app.intake.database().clone(),
         RetryPolicy {
             max_attempts: 1000,
             base_delay: Duration::from_millis(1),

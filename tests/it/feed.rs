@@ -328,7 +328,7 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
 
     let metrics = app.metrics().clone();
-    let pool = app.intake.db.pool.clone();
+    let pool = app.intake.database().pool_for_tests().clone();
     let waiting = send(
         &service,
         get(&orders, &format!("/v1/receipts?after={cursor}&wait=30")),
@@ -377,7 +377,7 @@ async fn a_write_through_another_instance_wakes_a_waiting_reader() {
     let orders = first.login("orders", &[Permission::ReceiptsRead]);
     let other = crate::support::instance(&url, MigrateOnOpen::Skip);
     // The second instance writes nothing: only its listener can bump this.
-    let notified = other.db.feed_signal().subscribe();
+    let notified = other.database().feed_signal().subscribe();
     let other_metrics = other.metrics.clone();
     let writer_service = first.service().await;
     let reader_service = first.service_with(other).await;

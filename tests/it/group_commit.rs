@@ -56,7 +56,7 @@ async fn burst_then_retry(app: &TestApp, reason: &str, heal: impl FnOnce()) {
 #[actix_web::test]
 async fn a_leader_that_panics_answers_its_batch_503() {
     let app = TestApp::new(TestDb::sqlite());
-    app.intake.db.panic_in_next_batch();
+    app.intake.database().panic_in_next_batch();
     burst_then_retry(&app, "leader_panicked", || {}).await;
 }
 

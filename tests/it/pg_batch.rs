@@ -68,7 +68,7 @@ async fn one_batch_gives_each_plan_its_own_outcome() {
         (&planner, "c2", plan_body("run-4", "d")),
         (&leaving, "b1", plan_body("run-5", "e")),
     ];
-    app.intake.db.gather_next_batch(requests.len());
+    app.intake.database().gather_next_batch(requests.len());
     let answers = join_all(
         requests
             .iter()
@@ -163,7 +163,7 @@ async fn a_check_failure_inside_a_batch_fails_only_its_plan() {
     let token = app.login("planner-a", PLANNER);
     let service = app.service().await;
     let runs = ["run-1", "run-2", "run-forbidden", "run-3", "run-4", "run-5"];
-    app.intake.db.gather_next_batch(runs.len());
+    app.intake.database().gather_next_batch(runs.len());
     let answers = join_all(
         runs.iter()
             .map(|run| send(&service, post_plan(&token, run, &plan_body(run, "x")))),
@@ -211,8 +211,8 @@ async fn two_instances_batches_over_the_same_keys_do_not_deadlock() {
     let plans: Vec<(String, String)> = (0..16)
         .map(|i| (format!("k{i:02}"), plan_body(&format!("run-{i}"), "x")))
         .collect();
-    app.intake.db.gather_next_batch(plans.len());
-    other.db.gather_next_batch(plans.len());
+    app.intake.database().gather_next_batch(plans.len());
+    other.database().gather_next_batch(plans.len());
     let forward = join_all(
         plans
             .iter()
@@ -259,7 +259,7 @@ async fn a_connection_cut_during_a_batch_settles_every_plan_once() {
         let token = app.login("planner-a", PLANNER);
         let service = app.service().await;
         proxy.arm(fault, false, None);
-        app.intake.db.gather_next_batch(6);
+        app.intake.database().gather_next_batch(6);
         let numbered = |i: usize| {
             post_plan(
                 &token,
@@ -302,7 +302,7 @@ async fn a_writer_queued_past_its_deadline_is_not_written() {
     );
     let token = app.login("planner-a", PLANNER);
     let service = app.service().await;
-    app.intake.db.gather_next_batch(2);
+    app.intake.database().gather_next_batch(2);
     let late = send(
         &service,
         post_plan(&token, "late", &plan_body("run-1", "x")),
@@ -310,10 +310,10 @@ async fn a_writer_queued_past_its_deadline_is_not_written() {
     .await;
     late.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "timeout");
     wait_until("the late writer leaves the queue", || {
-        app.intake.db.queued_writes() == 0
+        app.intake.database().queued_writes() == 0
     })
     .await;
-    app.intake.db.gather_next_batch(0);
+    app.intake.database().gather_next_batch(0);
     let next = send(
         &service,
         post_plan(&token, "next", &plan_body("run-2", "x")),
@@ -337,7 +337,7 @@ async fn sixteen_keys_for_one_plan_in_one_batch() {
     let service = app.service().await;
     let body = plan_body("run-1", "x");
     let keys: Vec<String> = (0..16).map(|i| format!("race-{i}")).collect();
-    app.intake.db.gather_next_batch(keys.len());
+    app.intake.database().gather_next_batch(keys.len());
     let answers = join_all(
         keys.iter()
             .map(|k| send(&service, post_plan(&token, k, &body))),
