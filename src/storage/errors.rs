@@ -49,6 +49,12 @@ pub enum StorageError {
         "{change} needs the owner of the database objects, and role `{role}` is not: connect as the owner"
     )]
     NeedsOwner { change: &'static str, role: String },
+    /// A migration asked over a transaction-mode pooler, which cannot keep
+    /// the session-level lock migrations hold.
+    #[error(
+        "migrations hold a session-level lock, which a transaction-mode pooler does not keep: connect directly to Postgres to migrate"
+    )]
+    MigratingThroughPooler,
     #[error(transparent)]
     Query(#[from] DieselError),
 }

@@ -83,6 +83,15 @@ pub fn pending(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
         .collect())
 }
 
+/// Refuses to migrate through a transaction-mode pooler (the one place
+/// this is decided: `Database::open` and the migrate commands ask here).
+pub fn refuse_through_pooler(pooler: super::PgPooler) -> Result<(), StorageError> {
+    match pooler {
+        super::PgPooler::Transaction => Err(StorageError::MigratingThroughPooler),
+        super::PgPooler::None => Ok(()),
+    }
+}
+
 /// Names of the applied migrations, oldest first.
 pub fn applied(conn: &mut DbConn) -> Result<Vec<String>, StorageError> {
     let versions = applied_versions(conn)?;

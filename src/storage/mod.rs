@@ -66,10 +66,8 @@ impl Database {
     ) -> Result<Self, StorageError> {
         let target = DatabaseTarget::parse(url)?;
         let backend = target.backend();
-        if options.pg_pooler == PgPooler::Transaction && migrate == MigrateOnOpen::Apply {
-            return Err(StorageError::Config(
-                "migrations hold a session-level lock, which a transaction-mode pooler does not keep: run `plan-intake migrate run` with a DATABASE_URL that reaches Postgres directly, and start the service with --no-migrate".to_owned(),
-            ));
+        if migrate == MigrateOnOpen::Apply {
+            migrations::refuse_through_pooler(options.pg_pooler)?;
         }
         let manager = Manager::new(target, options);
         let mut conn = manager.connect().map_err(|e| {

@@ -1,0 +1,85 @@
+//! `plan-intake follow`: the feed, page by page, the cursor saved after each.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use plan_intake::client::{self, FollowError, FollowOptions};
+
+use super::{CommandError, ServiceArgs, connect, stop_on_signals};
+
+pub const EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
+Exit status: 0 stopped or drained; 65 a cursor the service refuses; 77 not allowed (401, 403); \
+74 the cursor file or the output cannot be written; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
+
+#[derive(Args)]
+pub struct FollowArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    /// Where the cursor is kept; when it does not exist, start at the feed's current end
+    #[arg(long)]
+    pub cursor_file: PathBuf,
+    /// When the cursor file does not exist, start at the feed's first receipt instead
+    #[arg(long)]
+    pub from_start: bool,
+    /// Each entry is {receipt, approved_inputs, content} (expand=plan)
+    #[arg(long)]
+    pub expand: bool,
+    /// Receipts per page
+    #[arg(long, default_value_t = FollowOptions::new("").limit, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// Seconds one request waits for a receipt (default 30; 0 with --drain)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60))]
+    pub wait_secs: Option<u64>,
+    /// Run `sh -c CMD` once per non-empty page, its receipts as JSON lines on CMD's stdin; the cursor advances only when CMD exits 0
+    #[arg(long, value_name = "CMD")]
+    pub exec: Option<String>,
+    /// Exit 0 at the first empty page (for batch jobs)
+    #[arg(long)]
+    pub drain: bool,
+}
+
+pub fn run(args: FollowArgs) -> Result<(), CommandError> {
+    let FollowArgs {
+        service,
+        cursor_file,
+        from_start,
+        expand,
+        limit,
+        wait_secs,
+        exec,
+        drain,
+    } = args;
+    let client = connect(&service)?;
+    let defaults = FollowOptions::new(cursor_file);
+    let default_wait = if drain { Duration::ZERO } else { defaults.wait };
+    let options = FollowOptions {
+        from_start,
+        expand,
+        limit,
+        wait: wait_secs.map_or(default_wait, Duration::from_secs),
+        exec,
+        drain,
+        ..defaults
+    };
+    let stop = stop_on_signals()?;
+    // With --exec nothing goes to stdout, whatever it leads to
+    // (a daemon's stdout is /dev/null opened for reading and writing).
+    let followed = if options.exec.is_some() {
+        client::follow(&client, &options, &stop, &mut std::io::sink())?
+    } else {
+        let mut out = plan_intake::stdout::open().map_err(FollowError::Output)?;
+        client::follow(&client, &options, &stop, &mut out)?
+    };
+    eprintln!(
+        "stopped after {} receipt(s) in {} page(s); {}",
+        followed.receipts,
+        followed.pages,
+        if followed.cursor_saved {
+            "the cursor is saved"
+        } else {
+            "the cursor is unchanged"
+        }
+    );
+    Ok(())
+}
