@@ -2,7 +2,6 @@
 //! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`;
 //! `client` is the callers' side of the HTTP API (`submit`, `follow`).
 
-pub mod client;
 pub mod clock;
 pub mod config;
 pub mod deadline;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use plan_intake::client::{self, FollowError, FollowOptions};
+use plan_intake_client::{self as client, FollowError, FollowOptions};
 
 use super::{CommandError, ServiceArgs, connect, stop_on_signals};
 

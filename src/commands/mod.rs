@@ -17,12 +17,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::Args;
-use plan_intake::client::{Client, FollowError, SubmitError};
 use plan_intake::config::DEFAULT_DATABASE_URL;
 use plan_intake::intake::login::LoginError;
 use plan_intake::serve::ServeError;
 use plan_intake::storage::{Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
 use plan_intake::verify::VerifyError;
+use plan_intake_client::{Client, FollowError, SubmitError};
 
 /// One line on stdout, checked and flushed: a closed, full or broken
 /// stdout ends the command with one line on stderr and exit 74, never a

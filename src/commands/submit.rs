@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use plan_intake::client::{self, SubmitOptions};
+use plan_intake_client::{self as client, SubmitOptions};
 
 use super::{CommandError, ServiceArgs, connect, parse_key, read_request, say};
 

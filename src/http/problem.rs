@@ -4,7 +4,6 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
-use serde::Serialize;
 
 use crate::intake::body::{BodyError, FieldError};
 use crate::intake::receipt::CorruptRow;
@@ -106,20 +105,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Copy)]
 pub struct TimedOut;
 
-/// An RFC 9457 problem: every error answer's body.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Problem {
-    /// A URI naming the kind of problem, under `https://plan-intake.dev/problems/`.
-    #[serde(rename = "type")]
-    #[schema(rename = "type")]
-    pub kind: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
-    /// Present on validation failures: one entry per refused field.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub errors: Option<Vec<FieldError>>,
-}
+pub use plan_intake_wire::Problem;
 
 /// What every route behind a login can answer besides its own results:
 /// documented once, listed by each route's `responses(...)`.

@@ -175,7 +175,7 @@ pub const MAX_LIMIT: i64 = 1000;
 const VERSION: &str = "v2";
 const VERSION_1: &str = "v1";
 /// `after=now`: start at the current end of the feed.
-pub const NOW: &str = "now";
+pub const NOW: &str = plan_intake_wire::FEED_NOW;
 
 fn encode(cursor: Cursor) -> String {
     let (xid, id) = (cursor.position.xid, cursor.position.id);

@@ -8,11 +8,14 @@
 //! work behind them lives in one module each: `login` (sign-in), `submit`
 //! (the write path), `read` (who may see what), `feed` (pages).
 
-pub mod body;
+/// The plan request and its rules, shared with the client (`crates/wire`).
+pub use plan_intake_wire::body;
 pub mod feed;
-pub mod hashing;
+/// The plan's two hashes, shared with the client (`crates/wire`).
+pub use plan_intake_wire::hashing;
 pub mod idempotency_key;
-pub mod ijson;
+/// I-JSON reading and RFC 8785 writing, a crate of its own (`crates/json`).
+pub use plan_intake_json as ijson;
 pub mod login;
 #[cfg(test)]
 mod properties;
@@ -20,7 +23,8 @@ pub mod read;
 pub mod receipt;
 pub mod receipt_log;
 pub mod retention;
-pub mod retry;
+/// The full-jitter backoff, shared with the client (`crates/wire`).
+pub use plan_intake_wire::retry;
 pub mod signing;
 pub mod submit;
 

@@ -12,25 +12,7 @@ use crate::storage::StorageError;
 use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
 use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, WriteFailure, Written};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// This request wrote the plan: 201.
-    Created,
-    /// Same maker and key, same request: the stored receipt, 200.
-    Replayed,
-    /// A new key for a plan this maker already sent for this run: 200.
-    AlreadyReceived,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Created => "created",
-            Outcome::Replayed => "replayed",
-            Outcome::AlreadyReceived => "already_received",
-        }
-    }
-}
+pub use plan_intake_wire::Outcome;
 
 /// A request the write path answered 201 or 200: how, and the receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]

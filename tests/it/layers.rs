@@ -18,14 +18,13 @@ const MACROS: [(&str, &str); 1] = [("with_conn", "storage")];
 
 /// Each room (a module of the crate) and the rooms it may use besides the
 /// leaves; `main.rs` may use everything and is not listed.
-const RULES: [(&str, &[&str]); 13] = [
+const RULES: [(&str, &[&str]); 12] = [
     ("serve", &["http", "intake", "storage"]),
     ("verify", &["intake", "storage"]),
     ("evidence", &["intake", "storage"]),
     ("http", &["intake"]),
     ("intake", &["storage"]),
     ("storage", &[]),
-    ("client", &["intake"]),
     ("config", &[]),
     ("metrics", &[]),
     ("deadline", &[]),
@@ -218,4 +217,43 @@ fn the_test_seams_into_the_database_are_used_by_tests_only() {
         }
     }
     assert_eq!(found, Vec::<String>::new());
+}
+
+/// A planner that depends on the client crate gets nothing of the server:
+/// its dependency tree holds no actix, diesel, libpq or SQLite.
+#[test]
+fn the_client_crate_brings_nothing_of_the_server() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--package",
+            "plan-intake-client",
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.contains("plan-intake-wire"), "{tree}");
+    for server in [
+        "actix",
+        "diesel",
+        "pq-sys",
+        "libsqlite3-sys",
+        "plan-intake v",
+    ] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(server)),
+            "the client brings {server}:\n{tree}"
+        );
+    }
 }

@@ -3,8 +3,8 @@
 #[cfg(test)]
 use serde_json::Value;
 
-use super::body::{ApprovedInput, Submission};
-use super::ijson::write_string;
+use crate::body::{ApprovedInput, Submission};
+use crate::ijson::write_string;
 
 /// `content_hash` covers what the plan is; `request_hash` also covers the run
 /// it was sent for. Both are `blake3:` and 64 hex digits.
@@ -117,7 +117,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::intake::body;
+    use crate::body;
 
     /// The composed documents are exactly what the crate makes of whole ones.
     #[test]

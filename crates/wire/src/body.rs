@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use unicode_general_category::{GeneralCategory, get_general_category};
 use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKind};
 
-use super::ijson::{self, JsonError, Members};
+use crate::ijson::{self, JsonError, Members};
 
 pub const MAX_RUN_ID_CHARS: usize = 200;
 pub const MAX_INPUT_ID_CHARS: usize = 256;
@@ -19,7 +19,7 @@ pub const MAX_DIGEST_CHARS: usize = 256;
 pub const WHOLE_BODY: &str = "body";
 
 /// One problem with one field, named by its path (`approved_inputs[2].id`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -196,9 +196,10 @@ fn check_fields(fields: Map<String, Value>) -> Result<PlanBody, BodyError> {
 
 /// What `parse` did before it built no tree: the whole body as a `Value`,
 /// the content canonicalized by the crate. The reference the one-pass
-/// parse is compared with (`properties.rs`), answer for answer.
-#[cfg(test)]
-pub(super) fn parse_with_a_tree(bytes: &[u8]) -> Result<Submission, BodyError> {
+/// parse is compared with (the server's `intake/properties.rs`), answer
+/// for answer; not for use otherwise.
+#[doc(hidden)]
+pub fn parse_with_a_tree(bytes: &[u8]) -> Result<Submission, BodyError> {
     let Value::Object(mut fields) = ijson::parse(bytes).map_err(json_error)? else {
         return Err(invalid(WHOLE_BODY, "body must be a JSON object"));
     };

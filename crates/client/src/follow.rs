@@ -188,7 +188,8 @@ impl Run<'_> {
                 if self.options.from_start {
                     return Ok(Some((None, false)));
                 }
-                let Some(end) = self.fetch(Some(crate::intake::feed::NOW), Duration::ZERO)? else {
+                let Some(end) = self.fetch(Some(plan_intake_wire::FEED_NOW), Duration::ZERO)?
+                else {
                     return Ok(None);
                 };
                 save_cursor(path, &end.next)?;

@@ -1,27 +1,7 @@
-//! A client of the service, for its two kinds of callers: planners submit
-//! plans ([`Client::submit`]), retrying the way the guarantee needs (one
-//! `Idempotency-Key` for every attempt, full-jitter backoff, `Retry-After`
-//! honoured, a 422 never retried); the ordering system follows the feed
-//! ([`follow`]). Both are blocking (ureq): an async caller runs them on its
-//! blocking pool, e.g. `tokio::task::spawn_blocking`.
+#![doc = include_str!("../README.md")]
 //!
 //! It talks to the service only through its HTTP API, as any other client
-//! would; nothing here reaches into the service's rooms.
-//!
-//! ```no_run
-//! use plan_intake::client::{Client, SubmitOptions};
-//!
-//! let token = std::env::var("PLAN_INTAKE_TOKEN")?;
-//! let client = Client::new("http://127.0.0.1:8080", &token)?;
-//! let body = br#"{"run_id":"run-2026-12-01-a",
-//!                 "approved_inputs":[{"id":"forecast-v12","digest":"blake3:9f2c"}],
-//!                 "content":{"lines":[{"sku":"A-1","qty":3}]}}"#;
-//! // The key is derived from the body: the same plan sent again, by this
-//! // process or after a restart, is a replay, never a second plan.
-//! let submitted = client.submit(body, &SubmitOptions::default())?;
-//! println!("{} {}", submitted.outcome, submitted.receipt);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! would.
 
 mod follow;
 mod submit;
@@ -125,28 +105,20 @@ impl Exchange {
 impl Answer {
     /// A problem+json's `detail` and `errors`, else the start of the body.
     fn summary(&self) -> String {
-        #[derive(serde::Deserialize)]
-        struct Problem {
-            title: Option<String>,
-            detail: Option<String>,
-            #[serde(default)]
-            errors: Vec<FieldError>,
-        }
-        #[derive(serde::Deserialize)]
-        struct FieldError {
-            field: String,
-            message: String,
-        }
-        let Ok(problem) = serde_json::from_str::<Problem>(&self.body) else {
+        let Ok(problem) = serde_json::from_str::<plan_intake_wire::Problem>(&self.body) else {
             let start: String = self.body.chars().take(200).collect();
             return format!("{} {}", self.status, start.trim());
         };
         let mut text = format!(
             "{} {}",
             self.status,
-            problem.detail.or(problem.title).unwrap_or_default()
+            if problem.detail.is_empty() {
+                problem.title
+            } else {
+                problem.detail
+            }
         );
-        for error in problem.errors {
+        for error in problem.errors.unwrap_or_default() {
             text.push_str(&format!("; {}: {}", error.field, error.message));
         }
         text
@@ -163,7 +135,7 @@ struct Backoff {
 
 impl Backoff {
     fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
-        let policy = crate::intake::RetryPolicy {
+        let policy = plan_intake_wire::RetryPolicy {
             max_attempts: u32::MAX,
             base_delay: self.base,
             max_delay: self.cap,

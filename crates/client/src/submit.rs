@@ -34,26 +34,7 @@ impl Default for SubmitOptions {
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// How the service took the plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Stored now (201).
-    Created,
-    /// This key's request was stored before; the same receipt (200).
-    Replayed,
-    /// The same plan was stored before under another key (200).
-    AlreadyReceived,
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Created => "created",
-            Self::Replayed => "replayed",
-            Self::AlreadyReceived => "already_received",
-        })
-    }
-}
+pub use plan_intake_wire::Outcome;
 
 /// The service kept the plan.
 #[derive(Debug, Clone)]
@@ -108,9 +89,9 @@ impl SubmitError {
 /// spelled, with members it ignores) gets the same key. A body the service
 /// would refuse gets blake3 of its bytes (the service then refuses it).
 pub fn derive_key(body: &[u8]) -> String {
-    match crate::intake::body::parse(body) {
+    match plan_intake_wire::body::parse(body) {
         Ok(submission) => {
-            let hashes = crate::intake::hashing::canonicalize(&submission).hashes;
+            let hashes = plan_intake_wire::hashing::canonicalize(&submission).hashes;
             let hex = hashes
                 .request_hash
                 .strip_prefix("blake3:")

@@ -1,0 +1,64 @@
+//! What plan-intake's callers send and get back, shared by the service,
+//! its client (`plan-intake-client`) and the OpenAPI document: the plan
+//! request and the rules it must meet (`body`), the two hashes a receipt
+//! carries (`hashing`), how the service took a plan ([`Outcome`]), the
+//! RFC 9457 problem every error answers ([`Problem`]), the feed's cursor
+//! word for its end ([`FEED_NOW`]), and the full-jitter backoff both sides
+//! retry with ([`RetryPolicy`]).
+
+pub mod body;
+pub mod hashing;
+pub mod retry;
+
+/// I-JSON reading and RFC 8785 writing (`plan-intake-json`).
+pub use plan_intake_json as ijson;
+pub use retry::RetryPolicy;
+
+use serde::{Deserialize, Serialize};
+
+/// The cursor `after=now`: the end of the settled feed.
+pub const FEED_NOW: &str = "now";
+
+/// How the service took a plan: the `outcome` of an answer to
+/// `POST /v1/plans`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// This request wrote the plan: 201.
+    Created,
+    /// Same maker and key, same request: the stored receipt, 200.
+    Replayed,
+    /// A new key for a plan this maker already sent for this run: 200.
+    AlreadyReceived,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Replayed => "replayed",
+            Outcome::AlreadyReceived => "already_received",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An RFC 9457 problem: every error answer's body.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, under `https://plan-intake.dev/problems/`.
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Present on validation failures: one entry per refused field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<body::FieldError>>,
+}
