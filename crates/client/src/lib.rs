@@ -10,7 +10,7 @@ use std::io::Read;
 use std::time::Duration;
 
 pub use follow::{FollowError, FollowOptions, Followed, follow};
-pub use submit::{Outcome, SubmitError, SubmitOptions, Submitted, derive_key};
+pub use submit::{LastAnswer, Outcome, RanOut, SubmitError, SubmitOptions, Submitted, derive_key};
 
 /// The service's address and the caller's token, over one keep-alive agent.
 #[derive(Clone)]
@@ -103,6 +103,14 @@ impl Exchange {
 }
 
 impl Answer {
+    /// This answer as the last one before giving up.
+    fn last(&self) -> submit::LastAnswer {
+        submit::LastAnswer::Status {
+            status: self.status,
+            summary: self.summary(),
+        }
+    }
+
     /// A problem+json's `detail` and `errors`, else the start of the body.
     fn summary(&self) -> String {
         let Ok(problem) = serde_json::from_str::<plan_intake_wire::Problem>(&self.body) else {

@@ -59,11 +59,12 @@ pub enum SubmitError {
     #[error("not allowed: {0}")]
     Denied(String),
     /// Attempts or time ran out on answers worth retrying.
-    #[error("gave up after {attempts} attempt(s) in {:.1} s; last answer: {last}", elapsed.as_secs_f64())]
+    #[error("gave up after {attempts} attempt(s) in {:.1} s ({ran_out}); last answer: {last}", elapsed.as_secs_f64())]
     GaveUp {
         attempts: u32,
         elapsed: Duration,
-        last: String,
+        ran_out: RanOut,
+        last: LastAnswer,
     },
     /// Any other answer (another 4xx, a success without a receipt).
     #[error("unexpected answer: {0}")]
@@ -78,6 +79,48 @@ impl SubmitError {
             Self::Denied(_) => 77,
             Self::GaveUp { .. } => 75,
             Self::Unexpected(_) => 1,
+        }
+    }
+}
+
+/// What ran out before a receipt came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RanOut {
+    /// Every attempt allowed was made.
+    Attempts,
+    /// The next wait would have passed the call's timeout.
+    Time { next_wait: Duration },
+    /// The service failed (5xx) twice: a fault of its own, not of the moment.
+    ServerErrors,
+}
+
+impl std::fmt::Display for RanOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Attempts => f.write_str("no attempts left"),
+            Self::Time { next_wait } => {
+                write!(f, "no time left to wait {} ms", next_wait.as_millis())
+            }
+            Self::ServerErrors => f.write_str("the service failed twice"),
+        }
+    }
+}
+
+/// The last answer before the client gave up, for a caller to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LastAnswer {
+    /// The service answered `status`; `summary` is its problem's detail
+    /// (or the start of its body).
+    Status { status: u16, summary: String },
+    /// No answer: a refused or dropped connection, a timeout, DNS.
+    NoAnswer(String),
+}
+
+impl std::fmt::Display for LastAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Status { summary, .. } => f.write_str(summary),
+            Self::NoAnswer(why) => write!(f, "no answer: {why}"),
         }
     }
 }
@@ -108,9 +151,9 @@ enum Verdict {
     Done(Submitted),
     Stop(SubmitError),
     /// Worth no further attempt, though not the body's fault.
-    GiveUp(String),
+    GiveUp(LastAnswer),
     Retry {
-        why: String,
+        why: LastAnswer,
         retry_after: Option<Duration>,
     },
 }
@@ -144,23 +187,24 @@ impl Client {
                     .set("Content-Type", "application/json")
                     .send_bytes(body),
             );
-            let gave_up = |last: String| SubmitError::GaveUp {
+            let gave_up = |ran_out: RanOut, last: LastAnswer| SubmitError::GaveUp {
                 attempts: attempt,
                 elapsed: started.elapsed(),
+                ran_out,
                 last,
             };
             let (why, retry_after) = match judge(exchange, &key, attempt, &mut server_errors) {
                 Verdict::Done(submitted) => return Ok(submitted),
                 Verdict::Stop(error) => return Err(error),
-                Verdict::GiveUp(last) => return Err(gave_up(last)),
+                Verdict::GiveUp(last) => return Err(gave_up(RanOut::ServerErrors, last)),
                 Verdict::Retry { why, retry_after } => (why, retry_after),
             };
             let wait = backoff.delay(attempt, retry_after);
             if attempt >= options.max_attempts {
-                return Err(gave_up(why));
+                return Err(gave_up(RanOut::Attempts, why));
             }
             if Instant::now() + wait >= deadline {
-                return Err(gave_up(format!("{why} (no time left to wait {wait:?})")));
+                return Err(gave_up(RanOut::Time { next_wait: wait }, why));
             }
             tracing::warn!(
                 attempt,
@@ -178,7 +222,7 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
         Exchange::Answer(answer) => answer,
         Exchange::NoAnswer(why) => {
             return Verdict::Retry {
-                why: format!("no answer: {why}"),
+                why: LastAnswer::NoAnswer(why),
                 retry_after: None,
             };
         }
@@ -191,7 +235,7 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
         400 | 413 | 415 | 422 => Verdict::Stop(SubmitError::Refused(answer.summary())),
         401 | 403 => Verdict::Stop(SubmitError::Denied(answer.summary())),
         408 | 429 | 502 | 503 | 504 => Verdict::Retry {
-            why: answer.summary(),
+            why: answer.last(),
             retry_after: answer.retry_after,
         },
         // A 500 is a fault of the service, not of the moment: once more,
@@ -199,11 +243,11 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
         500..=599 if *server_errors == 0 => {
             *server_errors += 1;
             Verdict::Retry {
-                why: answer.summary(),
+                why: answer.last(),
                 retry_after: answer.retry_after,
             }
         }
-        500..=599 => Verdict::GiveUp(answer.summary()),
+        500..=599 => Verdict::GiveUp(answer.last()),
         _ => Verdict::Stop(SubmitError::Unexpected(answer.summary())),
     }
 }
