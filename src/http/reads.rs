@@ -24,7 +24,7 @@ pub async fn get_receipt(
         &req,
         &state,
         path.into_inner(),
-        |intake, login, id, deadline| intake.receipt(login, id, deadline),
+        |intake, login, id, deadline| intake.read_by_id::<Receipt>(login, id, deadline),
     )
     .await?;
     Ok(HttpResponse::Ok().json(receipt))
@@ -57,7 +57,7 @@ pub async fn get_plan(
     let room = state.room_to_read(bytes, 1, &deadline).await?;
     let plan = state
         .blocking(deadline, move |intake| {
-            intake.plan(&login, &receipt_id, &deadline)
+            intake.read_by_id::<PlanView>(&login, &receipt_id, &deadline)
         })
         .await?
         .ok_or(ApiError::NotFound)?;

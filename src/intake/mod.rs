@@ -33,7 +33,7 @@ use tokio::sync::watch;
 pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
 pub use login::{Caller, Login, LoginError, Permission};
-pub use read::{ReadError, Readiness};
+pub use read::{ReadById, ReadError, Readiness};
 pub use receipt::{PlanView, Receipt};
 pub use retry::RetryPolicy;
 pub use submit::{Accepted, Outcome, SubmitError};
@@ -265,29 +265,18 @@ impl Intake {
 
     // Reads by id.
 
-    /// The receipt `receipt_id`, if `login` may see it.
-    pub fn receipt(
+    /// The receipt `receipt_id` (`T` = [`Receipt`]) or its whole plan
+    /// (`T` = [`PlanView`]), if `login` may see it, once the synchronous
+    /// standby has it.
+    pub fn read_by_id<T: ReadById>(
         &self,
         login: &Login,
         receipt_id: &str,
         deadline: &Deadline,
-    ) -> Result<Option<Receipt>, ReadError> {
-        let found = read::readable_receipt(&self.db, login, receipt_id, deadline)?;
+    ) -> Result<Option<T>, ReadError> {
+        let found = read::readable::<T>(&self.db, login, receipt_id, deadline)?;
         self.replicated(found, deadline)?
-            .map(|row| Receipt::from_row(&row, None).map_err(Into::into))
-            .transpose()
-    }
-
-    /// The plan behind `receipt_id`, if `login` may see it.
-    pub fn plan(
-        &self,
-        login: &Login,
-        receipt_id: &str,
-        deadline: &Deadline,
-    ) -> Result<Option<PlanView>, ReadError> {
-        let found = read::readable_plan(&self.db, login, receipt_id, deadline)?;
-        self.replicated(found, deadline)?
-            .map(|row| PlanView::from_row(row).map_err(Into::into))
+            .map(|row| T::answer(row).map_err(Into::into))
             .transpose()
     }
 
@@ -452,7 +441,7 @@ impl Intake {
         receipt_id: &str,
         deadline: &Deadline,
     ) -> Result<Option<Option<String>>, ReadError> {
-        if read::readable_receipt(&self.db, login, receipt_id, deadline)?.is_none() {
+        if read::readable::<Receipt>(&self.db, login, receipt_id, deadline)?.is_none() {
             return Ok(None);
         }
         use crate::storage::receipt_log::{ProofError, inclusion_proof};

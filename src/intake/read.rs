@@ -4,10 +4,10 @@
 
 use super::login::LoginError;
 use super::receipt::CorruptRow;
-use super::{Login, Permission};
+use super::{Login, Permission, PlanView, Receipt};
 use crate::deadline::Deadline;
 use crate::storage::plans::{self, PlanRow, ReceiptRow};
-use crate::storage::{Database, Durability, StorageError};
+use crate::storage::{Database, DbConn, Durability, StorageError};
 
 /// A read that could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -50,28 +50,56 @@ impl From<LoginError> for ReadError {
     }
 }
 
-/// The plan `receipt_id`, if `login` may see it: `receipts:read` sees
-/// every plan, a planner only its own; anything else is as if it did not
-/// exist, so a planner cannot learn that another maker's receipt exists.
-pub(super) fn readable_plan(
-    db: &Database,
-    login: &Login,
-    receipt_id: &str,
-    deadline: &Deadline,
-) -> Result<Option<PlanRow>, ReadError> {
-    let row = db.read(deadline, |conn| plans::find_by_receipt(conn, receipt_id))?;
-    Ok(row.filter(|row| may_see(login, &row.maker)))
+/// What a read by receipt id hands out: the receipt alone, or the plan
+/// with it. The one place that choice is made: each shape names the row
+/// it reads and how the row becomes the answer; who may see it, the
+/// barrier and the facade's method are shared.
+pub trait ReadById: Sized {
+    /// The stored columns this shape needs (the plan's content or not).
+    type Row;
+    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<Self::Row>>;
+    fn maker(row: &Self::Row) -> &str;
+    fn answer(row: Self::Row) -> Result<Self, CorruptRow>;
 }
 
-/// The receipt `receipt_id` (its plan's content unread), under the same rule.
-pub(super) fn readable_receipt(
+impl ReadById for Receipt {
+    type Row = ReceiptRow;
+    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<ReceiptRow>> {
+        plans::find_receipt(conn, receipt_id)
+    }
+    fn maker(row: &ReceiptRow) -> &str {
+        &row.maker
+    }
+    fn answer(row: ReceiptRow) -> Result<Self, CorruptRow> {
+        Receipt::from_row(&row, None)
+    }
+}
+
+impl ReadById for PlanView {
+    type Row = PlanRow;
+    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<PlanRow>> {
+        plans::find_by_receipt(conn, receipt_id)
+    }
+    fn maker(row: &PlanRow) -> &str {
+        &row.maker
+    }
+    fn answer(row: PlanRow) -> Result<Self, CorruptRow> {
+        PlanView::from_row(row)
+    }
+}
+
+/// The row of `receipt_id` in shape `T`, if `login` may see it:
+/// `receipts:read` sees every plan, a planner only its own; anything else
+/// is as if it did not exist, so a planner cannot learn that another
+/// maker's receipt exists.
+pub(super) fn readable<T: ReadById>(
     db: &Database,
     login: &Login,
     receipt_id: &str,
     deadline: &Deadline,
-) -> Result<Option<ReceiptRow>, ReadError> {
-    let row = db.read(deadline, |conn| plans::find_receipt(conn, receipt_id))?;
-    Ok(row.filter(|row| may_see(login, &row.maker)))
+) -> Result<Option<T::Row>, ReadError> {
+    let row = db.read(deadline, |conn| T::find(conn, receipt_id))?;
+    Ok(row.filter(|row| may_see(login, T::maker(row))))
 }
 
 pub(super) fn may_see(login: &Login, maker: &str) -> bool {
