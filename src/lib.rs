@@ -1,6 +1,6 @@
 //! plan-intake: takes plans from planner services and keeps each one exactly
-//! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`;
-//! `client` is the callers' side of the HTTP API (`submit`, `follow`).
+//! once. Rooms: `http` (the door) → `intake` (the domain) → `storage`; the
+//! callers' side of the HTTP API is a crate of its own (`crates/client`).
 
 pub mod clock;
 pub mod config;

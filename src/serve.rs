@@ -18,7 +18,8 @@ use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
 use crate::storage::{Database, MigrateOnOpen, PoolOptions, StorageError};
 
-/// Everything `serve` runs with, filled from flags and environment by `main`.
+/// Everything `serve` runs with, filled from flags and environment by
+/// `commands::serve`.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub bind: String,

@@ -10,7 +10,8 @@ use super::{CommandError, ServiceArgs, connect, parse_key, read_request, say};
 
 pub const EXITS: &str = "Exit status: 0 created, replayed or already_received (the receipt on stdout); \
 65 refused (400, 413, 415, 422: fix the request); 77 not allowed (401, 403); \
-75 attempts or time ran out (safe to run again: same request, same key); 2 a bad command line; 1 otherwise.";
+75 attempts or time ran out (safe to run again: same request, same key); \
+74 stdout cannot be written (the plan is kept: run it again for its receipt); 2 a bad command line; 1 otherwise.";
 
 #[derive(Args)]
 pub struct SubmitArgs {

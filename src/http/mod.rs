@@ -1,8 +1,9 @@
 //! The HTTP door: routes, bearer-token sign-in and `Idempotency-Key`
 //! parsing (`auth`, `plans`), problem+json errors, request logging and the
 //! OpenAPI document. Handlers
-//! translate HTTP to a domain call and back; every database call runs
-//! inside `web::block`.
+//! translate HTTP to a domain call and back; every blocking database call
+//! runs inside `web::block` (a submission's first write is awaited on the
+//! writers' queue instead).
 
 mod admission;
 mod auth;

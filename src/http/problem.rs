@@ -105,7 +105,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Copy)]
 pub struct TimedOut;
 
-pub use plan_intake_wire::Problem;
+pub use crate::intake::Problem;
 
 /// What every route behind a login can answer besides its own results:
 /// documented once, listed by each route's `responses(...)`.

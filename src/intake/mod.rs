@@ -33,6 +33,8 @@ use tokio::sync::watch;
 pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
 pub use login::{Caller, Login, LoginError, Permission};
+/// The RFC 9457 problem every error answers (`crates/wire`).
+pub use plan_intake_wire::Problem;
 pub use read::{ReadById, ReadError, Readiness};
 pub use receipt::{PlanView, Receipt};
 pub use retry::RetryPolicy;
@@ -46,8 +48,10 @@ use login::KnownLogins;
 
 /// The domain's one facade, for the door and the tools: the database, the
 /// retry policy, the counters and the logins recently found. Cheap to
-/// clone; shared by every worker. Every method but `known_caller` and
-/// `feed_changes` blocks: call it from `web::block`.
+/// clone; shared by every worker. A method that reads or writes the
+/// database blocks (call it from `web::block`), but `submit_queued`, which
+/// is awaited; the ones that answer from memory (`known_caller`,
+/// `may_look_up`, `feed_changes`, …) do not.
 #[derive(Clone)]
 pub struct Intake {
     db: Database,

@@ -53,38 +53,48 @@ impl From<LoginError> for ReadError {
 /// What a read by receipt id hands out: the receipt alone, or the plan
 /// with it. The one place that choice is made: each shape names the row
 /// it reads and how the row becomes the answer; who may see it, the
-/// barrier and the facade's method are shared.
-pub trait ReadById: Sized {
-    /// The stored columns this shape needs (the plan's content or not).
-    type Row;
-    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<Self::Row>>;
-    fn maker(row: &Self::Row) -> &str;
-    fn answer(row: Self::Row) -> Result<Self, CorruptRow>;
-}
+/// barrier and the facade's method are shared. Sealed: only the domain's
+/// two shapes are ones, and nothing outside it sees their rows.
+pub trait ReadById: shape::Shape {}
 
-impl ReadById for Receipt {
-    type Row = ReceiptRow;
-    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<ReceiptRow>> {
-        plans::find_receipt(conn, receipt_id)
-    }
-    fn maker(row: &ReceiptRow) -> &str {
-        &row.maker
-    }
-    fn answer(row: ReceiptRow) -> Result<Self, CorruptRow> {
-        Receipt::from_row(&row, None)
-    }
-}
+impl ReadById for Receipt {}
+impl ReadById for PlanView {}
 
-impl ReadById for PlanView {
-    type Row = PlanRow;
-    fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<PlanRow>> {
-        plans::find_by_receipt(conn, receipt_id)
+mod shape {
+    use super::{CorruptRow, DbConn, PlanRow, PlanView, Receipt, ReceiptRow, plans};
+
+    pub trait Shape: Sized {
+        /// The stored columns this shape needs (the plan's content or not).
+        type Row;
+        fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<Self::Row>>;
+        fn maker(row: &Self::Row) -> &str;
+        fn answer(row: Self::Row) -> Result<Self, CorruptRow>;
     }
-    fn maker(row: &PlanRow) -> &str {
-        &row.maker
+
+    impl Shape for Receipt {
+        type Row = ReceiptRow;
+        fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<ReceiptRow>> {
+            plans::find_receipt(conn, receipt_id)
+        }
+        fn maker(row: &ReceiptRow) -> &str {
+            &row.maker
+        }
+        fn answer(row: ReceiptRow) -> Result<Self, CorruptRow> {
+            Receipt::from_row(&row, None)
+        }
     }
-    fn answer(row: PlanRow) -> Result<Self, CorruptRow> {
-        PlanView::from_row(row)
+
+    impl Shape for PlanView {
+        type Row = PlanRow;
+        fn find(conn: &mut DbConn, receipt_id: &str) -> diesel::QueryResult<Option<PlanRow>> {
+            plans::find_by_receipt(conn, receipt_id)
+        }
+        fn maker(row: &PlanRow) -> &str {
+            &row.maker
+        }
+        fn answer(row: PlanRow) -> Result<Self, CorruptRow> {
+            PlanView::from_row(row)
+        }
     }
 }
 

@@ -111,22 +111,35 @@ impl Answer {
         }
     }
 
-    /// A problem+json's `detail` and `errors`, else the start of the body.
+    /// A problem+json's `detail` (or `title`) and `errors`, else the start
+    /// of the body. Read leniently: a proxy's problem may lack members the
+    /// service's always has.
     fn summary(&self) -> String {
-        let Ok(problem) = serde_json::from_str::<plan_intake_wire::Problem>(&self.body) else {
+        let problem = serde_json::from_str::<serde_json::Value>(&self.body)
+            .ok()
+            .filter(serde_json::Value::is_object);
+        let Some(problem) = problem else {
             let start: String = self.body.chars().take(200).collect();
             return format!("{} {}", self.status, start.trim());
         };
-        let mut text = format!(
-            "{} {}",
-            self.status,
-            if problem.detail.is_empty() {
-                problem.title
-            } else {
-                problem.detail
-            }
-        );
-        for error in problem.errors.unwrap_or_default() {
+        let text_of = |name: &str| {
+            problem
+                .get(name)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+        };
+        let said = if text_of("detail").is_empty() {
+            text_of("title")
+        } else {
+            text_of("detail")
+        };
+        let mut text = format!("{} {said}", self.status);
+        let errors = problem
+            .get("errors")
+            .cloned()
+            .and_then(|e| serde_json::from_value::<Vec<plan_intake_wire::body::FieldError>>(e).ok())
+            .unwrap_or_default();
+        for error in errors {
             text.push_str(&format!("; {}: {}", error.field, error.message));
         }
         text

@@ -59,7 +59,7 @@ pub enum SubmitError {
     #[error("not allowed: {0}")]
     Denied(String),
     /// Attempts or time ran out on answers worth retrying.
-    #[error("gave up after {attempts} attempt(s) in {:.1} s ({ran_out}); last answer: {last}", elapsed.as_secs_f64())]
+    #[error("gave up after {attempts} attempt(s) in {:.1} s; last answer: {last}{}", elapsed.as_secs_f64(), ran_out.note())]
     GaveUp {
         attempts: u32,
         elapsed: Duration,
@@ -92,6 +92,16 @@ pub enum RanOut {
     Time { next_wait: Duration },
     /// The service failed (5xx) twice: a fault of its own, not of the moment.
     ServerErrors,
+}
+
+impl RanOut {
+    /// What the give-up line adds after the last answer.
+    fn note(&self) -> String {
+        match self {
+            Self::Time { next_wait } => format!(" (no time left to wait {next_wait:?})"),
+            Self::Attempts | Self::ServerErrors => String::new(),
+        }
+    }
 }
 
 impl std::fmt::Display for RanOut {

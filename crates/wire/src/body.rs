@@ -19,7 +19,8 @@ pub const MAX_DIGEST_CHARS: usize = 256;
 pub const WHOLE_BODY: &str = "body";
 
 /// One problem with one field, named by its path (`approved_inputs[2].id`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -48,7 +49,8 @@ impl RunId {
 
 /// One approved input: nothing but `id` and an optional `digest` (other
 /// fields are refused, and the OpenAPI document says so).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApprovedInput {
     pub id: String,
@@ -75,6 +77,7 @@ impl Submission {
 }
 
 /// `POST /v1/plans`'s body as documented (parsing goes through `PlanBody`).
+#[cfg(feature = "openapi")]
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // ok: a schema only
 pub struct PlanRequest {
@@ -198,7 +201,7 @@ fn check_fields(fields: Map<String, Value>) -> Result<PlanBody, BodyError> {
 /// the content canonicalized by the crate. The reference the one-pass
 /// parse is compared with (the server's `intake/properties.rs`), answer
 /// for answer; not for use otherwise.
-#[doc(hidden)]
+#[cfg(feature = "reference")]
 pub fn parse_with_a_tree(bytes: &[u8]) -> Result<Submission, BodyError> {
     let Value::Object(mut fields) = ijson::parse(bytes).map_err(json_error)? else {
         return Err(invalid(WHOLE_BODY, "body must be a JSON object"));

@@ -5,6 +5,13 @@
 //! RFC 9457 problem every error answers ([`Problem`]), the feed's cursor
 //! word for its end ([`FEED_NOW`]), and the full-jitter backoff both sides
 //! retry with ([`RetryPolicy`]).
+//!
+//! Features: `openapi` derives the types' OpenAPI schemas (the server's
+//! document); `reference` adds the tree-building parse the one-pass one is
+//! held to in the server's property tests. Numbers are kept as sent, so
+//! serde_json's `arbitrary_precision` is on for every crate that links this
+//! one (a program that also parses JSON numbers through `serde(flatten)` or
+//! untagged enums should know).
 
 pub mod body;
 pub mod hashing;
@@ -49,11 +56,12 @@ impl std::fmt::Display for Outcome {
 }
 
 /// An RFC 9457 problem: every error answer's body.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
     /// A URI naming the kind of problem, under `https://plan-intake.dev/problems/`.
     #[serde(rename = "type")]
-    #[schema(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(rename = "type"))]
     pub kind: String,
     pub title: String,
     pub status: u16,
