@@ -176,7 +176,7 @@ pub fn connect(service: &ServiceArgs) -> Result<Client, CommandError> {
             )
         })?,
     };
-    Client::new(&service.url, &token).map_err(|e| CommandError::Usage(e.to_string()))
+    Client::new(&service.url, &token).map_err(|e| CommandError::Usage(format!("--url {e}")))
 }
 
 /// The request body from FILE, or from stdin for `-` or no FILE.

@@ -160,7 +160,7 @@ pub fn create_handed_over(
     repo::require_admin(conn)?;
     if permissions.is_empty() {
         return Err(LoginError::Invalid(
-            "a login needs at least one --permission".to_owned(),
+            "a login needs at least one permission".to_owned(),
         ));
     }
     let mut permissions = permissions.to_vec();

@@ -438,8 +438,7 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
     let statements: Vec<String> = statements.into_iter().map(|s| s.sql).collect();
     if statements.len() < 8 || statements.iter().any(|s| s.contains("ON SEQUENCE  ")) {
         return Err(StorageError::Config(
-            "the schema is not migrated yet: run `plan-intake migrate run` as its owner first"
-                .to_owned(),
+            "the schema is not migrated yet: apply its migrations as its owner first".to_owned(),
         ));
     }
     Ok(statements)

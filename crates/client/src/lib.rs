@@ -30,7 +30,7 @@ impl std::fmt::Debug for Client {
 /// A client that cannot be made: a URL the client cannot talk to, or no token.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("--url `{0}` is not an http:// or https:// URL")]
+    #[error("`{0}` is not an http:// or https:// URL")]
     BadUrl(String),
     #[error("the token is empty")]
     EmptyToken,
