@@ -2,6 +2,7 @@
 //! entries, and the bounds on a reader's page and wait.
 
 use super::read::ReadError;
+use super::receipt::ReceiptOfRow;
 use super::receipt::{CorruptRow, PlanView, Receipt};
 use crate::deadline::Deadline;
 use crate::metrics::Metrics;

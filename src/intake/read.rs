@@ -62,6 +62,7 @@ impl ReadById for PlanView {}
 
 mod shape {
     use super::{CorruptRow, DbConn, PlanRow, PlanView, Receipt, ReceiptRow, plans};
+    use crate::intake::receipt::ReceiptOfRow;
 
     pub trait Shape: Sized {
         /// The stored columns this shape needs (the plan's content or not).

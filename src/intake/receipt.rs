@@ -3,31 +3,13 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use super::Outcome;
 use super::body::ApprovedInput;
-use super::signing::ReceiptSignature;
+use super::signing::StoredSignature;
 use crate::storage::plans::{PlanRow, ReceiptRow};
 
-/// The receipt as the HTTP contract shows it. `outcome` is present only in
-/// answers to `POST /v1/plans`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Receipt {
-    pub receipt_id: String,
-    pub maker: String,
-    pub run_id: String,
-    pub content_hash: String,
-    pub request_hash: String,
-    pub approved_inputs: Vec<String>,
-    pub permissions: Vec<String>,
-    pub received_at: String,
-    /// The service's signature over this receipt; absent when the service
-    /// signs none (started without a key)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signature: Option<ReceiptSignature>,
-    /// `created`, `replayed` or `already_received`; only in answers to POST.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub outcome: Option<&'static str>,
-}
+/// The receipt as the HTTP contract shows it (`crates/wire`).
+pub use plan_intake_wire::Receipt;
 
 /// A plan with its receipt: `GET /v1/plans/{receipt_id}`. The approved
 /// inputs and the content are handed out as stored, byte for byte (their
@@ -51,8 +33,13 @@ pub struct CorruptRow {
     source: serde_json::Error,
 }
 
-impl Receipt {
-    pub fn from_row(row: &ReceiptRow, outcome: Option<&'static str>) -> Result<Self, CorruptRow> {
+/// A receipt from its stored row (a wire type, so a trait of the domain's).
+pub trait ReceiptOfRow: Sized {
+    fn from_row(row: &ReceiptRow, outcome: Option<Outcome>) -> Result<Self, CorruptRow>;
+}
+
+impl ReceiptOfRow for Receipt {
+    fn from_row(row: &ReceiptRow, outcome: Option<Outcome>) -> Result<Self, CorruptRow> {
         let inputs = stored_inputs(&row.receipt_id, &row.approved_inputs)?;
         let permissions: Vec<String> =
             serde_json::from_str(&row.permissions).map_err(|source| CorruptRow {
@@ -72,7 +59,7 @@ impl Receipt {
             signature: row
                 .receipt_signature
                 .as_deref()
-                .and_then(ReceiptSignature::from_stored),
+                .and_then(<_ as StoredSignature>::from_stored),
             outcome,
         })
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tlog_tiles::{Checkpoint, Hash};
 
 use super::hashing::hashes_of_stored;
-use super::receipt::Receipt;
+use super::receipt::{Receipt, ReceiptOfRow};
 use super::signing::{BadSignature, SigningKey, TrustedKeys, signed_form, verify_receipt};
 use crate::storage::plans::ReceiptRow;
 use crate::storage::receipt_log::{self as log_tables, LogWriter};
@@ -134,48 +134,12 @@ pub struct Verified {
     pub included: Option<(u64, VerifiedCheckpoint)>,
 }
 
-/// A receipt as the service answers it. Every member typed, none unknown:
-/// a duplicated member is refused (serde's derive), so no reader can be
-/// shown one receipt while another was verified.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReceiptDocument {
-    receipt_id: String,
-    maker: String,
-    run_id: String,
-    content_hash: String,
-    request_hash: String,
-    approved_inputs: Vec<String>,
-    permissions: Vec<String>,
-    received_at: String,
-    signature: Option<super::signing::ReceiptSignature>,
-    #[serde(rename = "outcome")]
-    _outcome: Option<String>,
-}
-
-impl From<ReceiptDocument> for Receipt {
-    fn from(d: ReceiptDocument) -> Self {
-        Receipt {
-            receipt_id: d.receipt_id,
-            maker: d.maker,
-            run_id: d.run_id,
-            content_hash: d.content_hash,
-            request_hash: d.request_hash,
-            approved_inputs: d.approved_inputs,
-            permissions: d.permissions,
-            received_at: d.received_at,
-            signature: d.signature,
-            outcome: None,
-        }
-    }
-}
-
 /// A plan read with its receipt (`GET /v1/plans/{id}`), its parts as the
 /// service handed them out.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PlanDocument {
-    receipt: ReceiptDocument,
+    receipt: Receipt,
     approved_inputs: Box<serde_json::value::RawValue>,
     content: Box<serde_json::value::RawValue>,
 }
@@ -189,8 +153,8 @@ pub fn verify_offline(
     keys: &TrustedKeys,
     proof: Option<&str>,
 ) -> Result<Verified, String> {
-    let receipt: Receipt = match serde_json::from_str::<ReceiptDocument>(receipt) {
-        Ok(document) => document.into(),
+    let receipt: Receipt = match serde_json::from_str::<Receipt>(receipt) {
+        Ok(receipt) => receipt,
         Err(not_a_receipt) => {
             let plan: PlanDocument = serde_json::from_str(receipt)
                 .map_err(|_| format!("not a receipt as the service answers it: {not_a_receipt}"))?;
@@ -207,7 +171,7 @@ pub fn verify_offline(
                     plan.receipt.receipt_id, hashes.content_hash
                 ));
             }
-            plan.receipt.into()
+            plan.receipt
         }
     };
     verify_receipt(&receipt, keys).map_err(|e| e.to_string())?;

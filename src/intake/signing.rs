@@ -13,27 +13,22 @@ use signed_note::{Signer as _, StandardSigner, StandardVerifier, Verifier as _};
 
 use super::receipt::Receipt;
 
-/// A receipt's signature as the HTTP contract shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReceiptSignature {
-    /// The signing key: `name+id` (8 hex digits), the start of its
-    /// verifier key in `GET /v1/signing-keys`
-    pub key_id: String,
-    /// The Ed25519 signature over the receipt's RFC 8785 form without
-    /// `signature` and `outcome`, in base64
-    pub ed25519: String,
+pub use plan_intake_wire::ReceiptSignature;
+
+/// A signature as stored in `plans.receipt_signature`: `key_id` and the
+/// signature, one space between.
+pub trait StoredSignature: Sized {
+    fn stored(&self) -> String;
+    /// The stored form read back; `None` for a value not of that form.
+    fn from_stored(stored: &str) -> Option<Self>;
 }
 
-impl ReceiptSignature {
-    /// As stored in `plans.receipt_signature`: `key_id` and the signature,
-    /// one space between.
-    pub fn stored(&self) -> String {
+impl StoredSignature for ReceiptSignature {
+    fn stored(&self) -> String {
         format!("{} {}", self.key_id, self.ed25519)
     }
 
-    /// The stored form read back; `None` for a value not of that form.
-    pub fn from_stored(stored: &str) -> Option<Self> {
+    fn from_stored(stored: &str) -> Option<Self> {
         let (key_id, ed25519) = stored.split_once(' ')?;
         Some(Self {
             key_id: key_id.to_owned(),
@@ -282,7 +277,7 @@ mod tests {
             permissions: vec!["plans:submit".to_owned()],
             received_at: "2026-12-02T10:00:00.000000Z".to_owned(),
             signature: None,
-            outcome: Some("created"),
+            outcome: Some(crate::intake::Outcome::Created),
         }
     }
 
@@ -301,7 +296,7 @@ mod tests {
         );
         let keys = TrustedKeys::parse(key.verifier_key()).expect("keys");
         assert_eq!(verify_receipt(&signed, &keys), Ok(()));
-        signed.outcome = Some("replayed");
+        signed.outcome = Some(crate::intake::Outcome::Replayed);
         assert_eq!(
             verify_receipt(&signed, &keys),
             Ok(()),

@@ -4,7 +4,8 @@
 
 use super::hashing::CanonicalParts;
 use super::receipt::CorruptRow;
-use super::signing::{ReceiptSignature, SigningKey};
+use super::receipt::ReceiptOfRow;
+use super::signing::{ReceiptSignature, SigningKey, StoredSignature};
 use super::{Caller, IdempotencyKey, Intake, Login, Receipt, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::UnknownCommitBranch;
@@ -424,7 +425,7 @@ fn replay_or_refuse(
 fn accepted(outcome: Outcome, row: &ReceiptRow) -> Result<Accepted, SubmitError> {
     Ok(Accepted {
         outcome,
-        receipt: Receipt::from_row(row, Some(outcome.as_str()))?,
+        receipt: Receipt::from_row(row, Some(outcome))?,
     })
 }
 
@@ -435,8 +436,8 @@ fn created(plan: &NewPlan, login: &Login, submission: &Submission) -> Accepted {
     receipt.signature = plan
         .receipt_signature
         .as_deref()
-        .and_then(ReceiptSignature::from_stored);
-    receipt.outcome = Some(Outcome::Created.as_str());
+        .and_then(<ReceiptSignature as StoredSignature>::from_stored);
+    receipt.outcome = Some(Outcome::Created);
     Accepted {
         outcome: Outcome::Created,
         receipt,

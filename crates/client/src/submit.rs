@@ -42,6 +42,9 @@ pub struct Submitted {
     pub outcome: Outcome,
     /// The receipt JSON as the service sent it, `outcome` included, on one line.
     pub receipt: String,
+    /// The same receipt, read (strictly: a member unknown or twice is no
+    /// receipt).
+    pub parsed: plan_intake_wire::Receipt,
     pub receipt_id: String,
     /// The key every attempt carried.
     pub key: String,
@@ -158,7 +161,7 @@ pub fn derive_key(body: &[u8]) -> String {
 
 /// What to do with one attempt's answer.
 enum Verdict {
-    Done(Submitted),
+    Done(Box<Submitted>),
     Stop(SubmitError),
     /// Worth no further attempt, though not the body's fault.
     GiveUp(LastAnswer),
@@ -204,7 +207,7 @@ impl Client {
                 last,
             };
             let (why, retry_after) = match judge(exchange, &key, attempt, &mut server_errors) {
-                Verdict::Done(submitted) => return Ok(submitted),
+                Verdict::Done(submitted) => return Ok(*submitted),
                 Verdict::Stop(error) => return Err(error),
                 Verdict::GiveUp(last) => return Err(gave_up(RanOut::ServerErrors, last)),
                 Verdict::Retry { why, retry_after } => (why, retry_after),
@@ -239,7 +242,7 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
     };
     match answer.status {
         200 | 201 => match receipt_of(&answer, key, attempt) {
-            Some(submitted) => Verdict::Done(submitted),
+            Some(submitted) => Verdict::Done(Box::new(submitted)),
             None => Verdict::Stop(SubmitError::Unexpected(answer.summary())),
         },
         400 | 413 | 415 | 422 => Verdict::Stop(SubmitError::Refused(answer.summary())),
@@ -263,12 +266,8 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
 }
 
 fn receipt_of(answer: &Answer, key: &str, attempt: u32) -> Option<Submitted> {
-    #[derive(serde::Deserialize)]
-    struct Fields {
-        receipt_id: String,
-        outcome: Outcome,
-    }
-    let fields: Fields = serde_json::from_str(&answer.body).ok()?;
+    let parsed: plan_intake_wire::Receipt = serde_json::from_str(&answer.body).ok()?;
+    let outcome = parsed.outcome?;
     // The service answers compact JSON; a proxy that pretty-printed it
     // still yields one line.
     let receipt = if answer.body.contains('\n') {
@@ -279,9 +278,10 @@ fn receipt_of(answer: &Answer, key: &str, attempt: u32) -> Option<Submitted> {
         answer.body.trim().to_owned()
     };
     Some(Submitted {
-        outcome: fields.outcome,
+        outcome,
         receipt,
-        receipt_id: fields.receipt_id,
+        receipt_id: parsed.receipt_id.clone(),
+        parsed,
         key: key.to_owned(),
         attempts: attempt,
     })

@@ -1,7 +1,8 @@
 //! What plan-intake's callers send and get back, shared by the service,
 //! its client (`plan-intake-client`) and the OpenAPI document: the plan
 //! request and the rules it must meet (`body`), the two hashes a receipt
-//! carries (`hashing`), how the service took a plan ([`Outcome`]), the
+//! carries (`hashing`), the receipt ([`Receipt`]) and how the service took
+//! a plan ([`Outcome`]), the
 //! RFC 9457 problem every error answers ([`Problem`]), the feed's cursor
 //! word for its end ([`FEED_NOW`]), and the full-jitter backoff both sides
 //! retry with ([`RetryPolicy`]).
@@ -29,6 +30,7 @@ pub const FEED_NOW: &str = "now";
 /// How the service took a plan: the `outcome` of an answer to
 /// `POST /v1/plans`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// This request wrote the plan: 201.
@@ -53,6 +55,44 @@ impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// A receipt as the service answers it. `outcome` is present only in
+/// answers to `POST /v1/plans`; `signature` only when the service signs.
+/// Read strictly: an unknown or a duplicated member is refused, so no
+/// reader can be shown one receipt while another was verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    pub receipt_id: String,
+    pub maker: String,
+    pub run_id: String,
+    pub content_hash: String,
+    pub request_hash: String,
+    pub approved_inputs: Vec<String>,
+    pub permissions: Vec<String>,
+    pub received_at: String,
+    /// The service's signature over this receipt; absent when the service
+    /// signs none (started without a key)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<ReceiptSignature>,
+    /// How the service took the plan; only in answers to POST.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+/// A receipt's signature.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptSignature {
+    /// The signing key: `name+id` (8 hex digits), the start of its
+    /// verifier key in `GET /v1/signing-keys`
+    pub key_id: String,
+    /// The Ed25519 signature over the receipt's RFC 8785 form without
+    /// `signature` and `outcome`, in base64
+    pub ed25519: String,
 }
 
 /// An RFC 9457 problem: every error answer's body.
