@@ -94,7 +94,7 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
                 "receipts are signed, and appended to the receipt log"
             );
             for key in others {
-                if let Err(error) = intake.publish_key(key, &at_start_deadline) {
+                if let Err(error) = intake.publish_key(key, false, &at_start_deadline) {
                     tracing::warn!(%error, key = key.key_id(), "cannot publish this key yet");
                 }
             }

@@ -384,26 +384,29 @@ impl Intake {
     /// Records that this instance's key signs now (`GET /v1/signing-keys`
     /// tells when each key was in use).
     pub fn record_key_use(&self, deadline: &Deadline) -> Result<(), ReadError> {
-        let Some(key) = self.signing_key() else {
-            return Ok(());
-        };
-        let now = crate::clock::now_micros();
-        self.db.read(deadline, |conn| {
-            crate::storage::receipt_log::record_key_use(conn, key.key_id(), key.verifier_key(), now)
-        })?;
-        Ok(())
+        match self.signing.clone() {
+            Some(key) => self.publish_key(&key, true, deadline),
+            None => Ok(()),
+        }
     }
 
-    /// Keeps `key` published though this instance does not sign with it
-    /// (an older key, kept for rotation).
+    /// Keeps `key` published; `signs_now`: this instance signs with it
+    /// (else an older key, kept for rotation, whose times stay).
     pub fn publish_key(
         &self,
         key: &signing::SigningKey,
+        signs_now: bool,
         deadline: &Deadline,
     ) -> Result<(), ReadError> {
         let now = crate::clock::now_micros();
         self.db.read(deadline, |conn| {
-            crate::storage::receipt_log::publish_key(conn, key.key_id(), key.verifier_key(), now)
+            crate::storage::receipt_log::publish_key(
+                conn,
+                key.key_id(),
+                key.verifier_key(),
+                now,
+                signs_now,
+            )
         })?;
         Ok(())
     }

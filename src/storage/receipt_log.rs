@@ -464,44 +464,31 @@ pub fn consistency_proof(conn: &mut DbConn, old: u64, new: u64) -> Result<Vec<Ha
 /// A key in `signing_keys`: `(key_id, verifier_key, first_used_at, last_used_at)`.
 pub type KeyRow = (String, String, NaiveDateTime, NaiveDateTime);
 
-/// Records that `key_id` signs now (first use kept, last use moved on).
-pub fn record_key_use(
-    conn: &mut DbConn,
-    key_id: &str,
-    verifier_key: &str,
-    now: NaiveDateTime,
-) -> QueryResult<()> {
-    with_conn!(conn, c => diesel::insert_into(signing_keys::table)
-        .values((
-            signing_keys::key_id.eq(key_id),
-            signing_keys::verifier_key.eq(verifier_key),
-            signing_keys::first_used_at.eq(now),
-            signing_keys::last_used_at.eq(now),
-        ))
-        .on_conflict(signing_keys::key_id)
-        .do_update()
-        .set(signing_keys::last_used_at.eq(now))
-        .execute(c))?;
-    Ok(())
-}
-
-/// Records `key_id` as published if it is not yet (its times untouched otherwise).
+/// Records `key_id` as published (first use kept); with `signs_now`, its
+/// last use moves on to `now`, else a known key's times stay.
 pub fn publish_key(
     conn: &mut DbConn,
     key_id: &str,
     verifier_key: &str,
     now: NaiveDateTime,
+    signs_now: bool,
 ) -> QueryResult<()> {
-    with_conn!(conn, c => diesel::insert_into(signing_keys::table)
+    let insert = diesel::insert_into(signing_keys::table)
         .values((
             signing_keys::key_id.eq(key_id),
             signing_keys::verifier_key.eq(verifier_key),
             signing_keys::first_used_at.eq(now),
             signing_keys::last_used_at.eq(now),
         ))
-        .on_conflict(signing_keys::key_id)
-        .do_nothing()
-        .execute(c))?;
+        .on_conflict(signing_keys::key_id);
+    with_conn!(conn, c => if signs_now {
+        insert
+            .do_update()
+            .set(signing_keys::last_used_at.eq(now))
+            .execute(c)
+    } else {
+        insert.do_nothing().execute(c)
+    })?;
     Ok(())
 }
 

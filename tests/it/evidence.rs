@@ -586,12 +586,7 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
 fn without_a_key_receipts_are_unsigned_and_no_log_is_kept(db: TestDb) {
     let service = ServeProcess::start(&db.url);
     assert!(
-        service
-            .log
-            .lock()
-            .expect("log")
-            .iter()
-            .any(|l| l.contains("receipts are not signed")),
+        service.said("receipts are not signed"),
         "the start does not say so"
     );
     let token = login_via_cli(&db.url, "planner-a", "plans:submit");
@@ -651,12 +646,7 @@ fn a_restored_database_is_never_signed_over_with_a_checkpoint_file() {
     let (_, newest) = get_text(&service.addr, None, "/v1/checkpoint");
     assert_eq!(checkpoint_size(&newest), 3, "{newest}");
     assert!(
-        service
-            .log
-            .lock()
-            .expect("log")
-            .iter()
-            .any(|l| l.contains("is not an extension of the checkpoint of size 5")),
+        service.said("is not an extension of the checkpoint of size 5"),
         "the refusal is not logged"
     );
     service.terminate();

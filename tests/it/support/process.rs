@@ -117,6 +117,15 @@ impl ServeProcess {
         }
     }
 
+    /// Whether a line the service wrote to stderr so far holds `text`.
+    pub fn said(&self, text: &str) -> bool {
+        self.log
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains(text))
+    }
+
     /// SIGTERM, then the exit status once the process has stopped and
     /// every line it wrote is in `log`.
     pub fn terminate(mut self) -> std::process::ExitStatus {
