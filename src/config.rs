@@ -5,7 +5,15 @@
 use std::time::Duration;
 
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://plan-intake.db";
-pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
+/// Written once as a macro so that the callers' default URL is built from it.
+macro_rules! default_bind {
+    () => {
+        "127.0.0.1:8080"
+    };
+}
+pub const DEFAULT_BIND: &str = default_bind!();
+/// Where `submit` and `follow` find a service started with the defaults.
+pub const DEFAULT_SERVICE_URL: &str = concat!("http://", default_bind!());
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
@@ -53,3 +61,46 @@ impl Default for HttpConfig {
 
 /// The receipt log's origin when none is given.
 pub const DEFAULT_LOG_ORIGIN: &str = "plan-intake";
+
+/// A default duration as the whole milliseconds a flag takes.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An address to listen on that resolves: `HOST:PORT`.
+pub fn parse_bind(text: &str) -> Result<String, &'static str> {
+    use std::net::ToSocketAddrs;
+    let resolves = text
+        .to_socket_addrs()
+        .is_ok_and(|mut addrs| addrs.next().is_some());
+    if resolves {
+        Ok(text.to_owned())
+    } else {
+        Err("must be HOST:PORT, e.g. 127.0.0.1:8080")
+    }
+}
+
+/// 1 MiB to 4 GiB (one permit a byte).
+pub fn parse_bytes_in_flight(text: &str) -> Result<usize, &'static str> {
+    match text.parse::<usize>() {
+        Ok(n) if (1024 * 1024..=u32::MAX as usize).contains(&n) => Ok(n),
+        _ => Err("must be a number of bytes from 1048576 to 4294967295"),
+    }
+}
+
+/// A checkpoint's first line: printable, no spaces at its ends, at most 255 bytes.
+pub fn parse_origin(text: &str) -> Result<String, &'static str> {
+    let printable = text.chars().all(|c| !c.is_control());
+    if text.is_empty() || text.len() > 255 || !printable || text.trim() != text {
+        return Err("must be 1 to 255 printable bytes, no spaces at either end");
+    }
+    Ok(text.to_owned())
+}
+
+/// 1 byte to 64 MiB.
+pub fn parse_body_limit(text: &str) -> Result<usize, &'static str> {
+    match text.parse::<usize>() {
+        Ok(n) if (1..=64 * 1024 * 1024).contains(&n) => Ok(n),
+        _ => Err("must be a number of bytes from 1 to 67108864"),
+    }
+}

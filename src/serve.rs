@@ -2,6 +2,7 @@
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_http::HttpService;
@@ -11,36 +12,133 @@ use actix_web::dev::AppConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::config::HttpConfig;
+use crate::config::{
+    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_FEED_PAGE_BYTES,
+    DEFAULT_LOG_ORIGIN, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, millis, parse_bind,
+    parse_body_limit, parse_bytes_in_flight, parse_origin,
+};
 use crate::deadline::Deadline;
 use crate::http::{self, AppState};
+use crate::intake::signing::SigningKey;
 use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
-use crate::storage::{Database, MigrateOnOpen, PoolOptions, StorageError};
+use crate::storage::pg_batch::{DEFAULT_PG_BATCH, MAX_PG_BATCH};
+use crate::storage::{Backend, Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
 
-/// Everything `serve` runs with, filled from flags and environment by
-/// `commands::serve`.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
+/// `serve`'s settings: one typed struct, filled by clap from flags and
+/// environment, each default written once (here from `config`, `storage`
+/// and `intake`); `serve --help` shows them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeSettings {
+    /// Address to listen on
+    #[arg(long, env = "PLAN_INTAKE_BIND", default_value = DEFAULT_BIND, value_parser = parse_bind)]
     pub bind: String,
-    pub database_url: String,
-    pub pool: PoolOptions,
-    pub http: HttpConfig,
-    pub retry: RetryPolicy,
-    /// Apply pending migrations at start (false: refuse to start while any are pending).
-    pub migrate: bool,
-    /// How long a stopping server waits for requests in flight.
+    /// Refuse to start while migrations are pending instead of applying them
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// Most database connections held at once
+    #[arg(long, env = "PLAN_INTAKE_POOL_SIZE", default_value_t = PoolOptions::default().max_size, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub pool_size: u32,
+    /// Milliseconds to wait for a free connection before answering 503
+    #[arg(long, env = "PLAN_INTAKE_CHECKOUT_TIMEOUT_MS", default_value_t = millis(PoolOptions::default().checkout_timeout), value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub checkout_timeout_ms: u64,
+    /// Largest accepted request body in bytes (larger is a 413)
+    #[arg(long, env = "PLAN_INTAKE_BODY_LIMIT", default_value_t = DEFAULT_BODY_LIMIT, value_parser = parse_body_limit)]
+    pub body_limit: usize,
+    /// Attempts in all for a write that fails transiently (deadlock, busy, lost connection)
+    #[arg(long, env = "PLAN_INTAKE_RETRY_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub retry_attempts: u32,
+    /// Cap of the first retry's random delay, in ms; doubles per retry
+    #[arg(long, env = "PLAN_INTAKE_RETRY_BASE_DELAY_MS", default_value_t = millis(RetryPolicy::default().base_delay), value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub retry_base_delay_ms: u64,
+    /// No retry waits longer than this, in ms
+    #[arg(long, env = "PLAN_INTAKE_RETRY_MAX_DELAY_MS", default_value_t = millis(RetryPolicy::default().max_delay), value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub retry_max_delay_ms: u64,
+    /// How long a SQLite write waits for the lock before failing as busy, in ms
+    #[arg(
+        long,
+        env = "PLAN_INTAKE_SQLITE_BUSY_TIMEOUT_MS",
+        default_value_t = millis(PoolOptions::default().sqlite_busy_timeout),
+        value_parser = clap::value_parser!(u64).range(1..=600_000)
+    )]
+    pub sqlite_busy_timeout_ms: u64,
+    /// Every request that touches the database is answered within this many ms (503 + Retry-After when it cannot finish)
+    #[arg(long, env = "PLAN_INTAKE_REQUEST_TIMEOUT_MS", default_value_t = millis(DEFAULT_REQUEST_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub request_timeout_ms: u64,
+    /// Postgres URL for the connection that listens for other instances' writes (to wake waiting feed readers); needed behind a transaction-mode pooler, which cannot carry LISTEN
+    #[arg(long, env = "PLAN_INTAKE_FEED_LISTEN_URL", hide_env_values = true)]
+    pub feed_listen_url: Option<String>,
+    /// Submissions one login may have in flight; past it, 429 with Retry-After and nothing written
+    #[arg(long, env = "PLAN_INTAKE_MAX_INFLIGHT_PER_LOGIN", default_value_t = DEFAULT_MAX_INFLIGHT_PER_LOGIN as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_inflight_per_login: u32,
+    /// Bytes of request bodies and expanded reads held at once; past it a request waits up to 1 s, then gets 503 with Retry-After
+    #[arg(long, env = "PLAN_INTAKE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, value_parser = parse_bytes_in_flight)]
+    pub max_body_bytes_in_flight: usize,
+    /// Bytes of plans one `expand=plan` feed page holds; past it the page ends early with its `next` (one larger plan is a page of one)
+    #[arg(long, env = "PLAN_INTAKE_FEED_PAGE_BYTES", default_value_t = DEFAULT_FEED_PAGE_BYTES, value_parser = parse_bytes_in_flight)]
+    pub feed_page_bytes: usize,
+    /// Postgres: the most plans written together in one statement and one commit (group commit); a lone plan is written at once. At most 31, so each batch's subtransactions stay within what Postgres caches
+    #[arg(long, env = "PLAN_INTAKE_PG_WRITE_BATCH", default_value_t = DEFAULT_PG_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_PG_BATCH as i64))]
+    pub pg_write_batch: u32,
+    /// A connection's first request head, and then each body, must arrive within this many ms (408 otherwise)
+    #[arg(long, env = "PLAN_INTAKE_CLIENT_TIMEOUT_MS", default_value_t = millis(DEFAULT_CLIENT_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub client_timeout_ms: u64,
+    /// HTTP worker threads (default: one per CPU)
+    #[arg(long, env = "PLAN_INTAKE_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: Option<u16>,
+    /// On SIGTERM or Ctrl-C, seconds to let requests in flight finish
+    #[arg(long, env = "PLAN_INTAKE_SHUTDOWN_TIMEOUT_SECS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub shutdown_timeout_secs: u64,
-    /// HTTP worker threads; `None`: one per CPU.
-    pub workers: Option<usize>,
-    /// Keys loaded at start: the first signs new receipts and checkpoints,
-    /// the rest stay published (rotation). Empty: nothing is signed.
-    pub signing_keys: Vec<std::sync::Arc<crate::intake::signing::SigningKey>>,
-    /// The first line of every checkpoint of the receipt log.
+    /// A signing key file (as `signing-keys generate` writes it): receipts are signed and logged. Repeat for a rotation: the first signs, the others stay published
+    #[arg(long = "signing-key", value_name = "PATH")]
+    pub signing_key: Vec<PathBuf>,
+    /// The name of an environment variable holding a signing key (instead of a file; signs before any --signing-key)
+    #[arg(long, value_name = "VAR")]
+    pub signing_key_env: Option<String>,
+    /// The receipt log's origin: the first line of every checkpoint it signs
+    #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", default_value = DEFAULT_LOG_ORIGIN, value_parser = parse_origin)]
     pub log_origin: String,
-    /// Where this instance keeps the last checkpoint it signed, outside
-    /// the database: a tree that does not extend it is never signed.
-    pub checkpoint_file: Option<std::path::PathBuf>,
+    /// A file where this instance keeps the last checkpoint it signed, outside the database: after a restore or a lossy failover, a tree that does not extend it is never signed
+    #[arg(long, env = "PLAN_INTAKE_CHECKPOINT_FILE", value_name = "PATH")]
+    pub checkpoint_file: Option<PathBuf>,
+}
+
+impl ServeSettings {
+    /// The pool the service runs on, behind `pg_pooler`.
+    pub fn pool(&self, pg_pooler: PgPooler) -> PoolOptions {
+        PoolOptions {
+            max_size: self.pool_size,
+            checkout_timeout: Duration::from_millis(self.checkout_timeout_ms),
+            sqlite_busy_timeout: Duration::from_millis(self.sqlite_busy_timeout_ms),
+            request_timeout: Some(Duration::from_millis(self.request_timeout_ms)),
+            feed_listener: true,
+            feed_listen_url: self.feed_listen_url.clone(),
+            pg_pooler,
+            pg_write_batch: self.pg_write_batch as usize,
+        }
+    }
+
+    /// The door's settings.
+    pub fn http(&self) -> HttpConfig {
+        HttpConfig {
+            body_limit: self.body_limit,
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            max_inflight_per_login: self.max_inflight_per_login as usize,
+            max_body_bytes_in_flight: self.max_body_bytes_in_flight,
+            feed_page_bytes: self.feed_page_bytes,
+            client_timeout: Duration::from_millis(self.client_timeout_ms),
+        }
+    }
+
+    /// How a transiently failed write is retried.
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.retry_attempts,
+            base_delay: Duration::from_millis(self.retry_base_delay_ms),
+            max_delay: Duration::from_millis(self.retry_max_delay_ms),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,24 +166,40 @@ fn sqlite_file(url: &str) -> String {
 }
 
 /// Opens the database (migrating first unless told not to), then serves
-/// until the process is stopped.
-pub fn run(config: ServeConfig) -> Result<(), ServeError> {
-    let migrate = if config.migrate {
-        MigrateOnOpen::Apply
-    } else {
+/// until the process is stopped. `signing_keys`: the first signs new
+/// receipts and checkpoints, the rest stay published (rotation); none:
+/// nothing is signed.
+pub fn run(
+    database_url: &str,
+    pg_pooler: PgPooler,
+    config: &ServeSettings,
+    signing_keys: Vec<Arc<SigningKey>>,
+) -> Result<(), ServeError> {
+    let migrate = if config.no_migrate {
         MigrateOnOpen::RequireNonePending
+    } else {
+        MigrateOnOpen::Apply
     };
-    let db = Database::open(&config.database_url, &config.pool, migrate)?;
+    let db = Database::open(database_url, &config.pool(pg_pooler), migrate)?;
     tracing::info!(
         backend = %db.backend,
-        database = %crate::storage::redact(&config.database_url),
-        file = %sqlite_file(&config.database_url),
+        database = %crate::storage::redact(database_url),
+        file = %sqlite_file(database_url),
         bind = %config.bind,
         "plan-intake starting"
     );
-    let mut intake = Intake::new(db, config.retry.clone(), Metrics::new());
-    let at_start_deadline = Deadline::after(config.http.request_timeout);
-    match config.signing_keys.split_first() {
+    if db.backend == Backend::Postgres
+        && pg_pooler == PgPooler::Transaction
+        && config.feed_listen_url.is_none()
+    {
+        tracing::info!(
+            "no --feed-listen-url: waiting feed readers wake on this instance's writes, and re-read every half second for other instances'"
+        );
+    }
+    let http_config = config.http();
+    let mut intake = Intake::new(db, config.retry(), Metrics::new());
+    let at_start_deadline = Deadline::after(http_config.request_timeout);
+    match signing_keys.split_first() {
         Some((signer, others)) => {
             intake = intake.signing_with(signer.clone());
             tracing::info!(
@@ -110,7 +224,7 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
     }
     // Said once at start, where an operator looks; `/readyz` and the gauge
     // keep saying it.
-    match intake.readiness(&Deadline::after(config.http.request_timeout)) {
+    match intake.readiness(&Deadline::after(http_config.request_timeout)) {
         Ok(readiness) => {
             if let Some(warning) = readiness.warning {
                 tracing::warn!("{warning}");
@@ -122,13 +236,13 @@ pub fn run(config: ServeConfig) -> Result<(), ServeError> {
     // a restart planners are never counted among the strangers.
     let at_start = std::time::Instant::now();
     if let Err(error) =
-        intake.remember_active_logins(at_start, &Deadline::after(config.http.request_timeout))
+        intake.remember_active_logins(at_start, &Deadline::after(http_config.request_timeout))
     {
         tracing::warn!(%error, "cannot read the active logins yet");
     }
-    let state = AppState::new(intake, config.http.clone());
+    let state = AppState::new(intake, http_config);
     actix_web::rt::System::new().block_on(async move {
-        let server = server(&config, state.clone())?;
+        let server = server(config, state.clone())?;
         actix_web::rt::spawn(keep_readiness_current(state));
         server.await.map_err(ServeError::Server)?;
         tracing::info!("stopped");
@@ -281,7 +395,7 @@ fn keep_checkpoint(file: &std::path::Path, note: &str) -> std::io::Result<()> {
 /// accepting, let the requests in flight finish (up to the shutdown
 /// timeout; idle keep-alive connections are closed at once), then the
 /// server's future ends and the pool is dropped, closing its connections.
-fn server(config: &ServeConfig, state: AppState) -> Result<Server, ServeError> {
+fn server(config: &ServeSettings, state: AppState) -> Result<Server, ServeError> {
     let bind_error = |source| ServeError::Bind {
         bind: config.bind.clone(),
         source,
@@ -290,13 +404,13 @@ fn server(config: &ServeConfig, state: AppState) -> Result<Server, ServeError> {
     let mut builder = Server::build()
         .shutdown_timeout(config.shutdown_timeout_secs)
         .disable_signals();
-    if let Some(workers) = config.workers {
+    if let Some(workers) = config.workers.map(usize::from) {
         builder = builder.workers(workers);
     }
     // Told when a graceful stop begins: each connection then ends once its
     // request in flight is answered, an idle one at once.
     let stopping = builder.graceful_shutdown_signal();
-    let http = config.http.clone();
+    let http = config.http();
     for listener in listeners(&config.bind).map_err(bind_error)? {
         let addr = listener.local_addr().map_err(bind_error)?;
         tracing::info!(%addr, "listening");

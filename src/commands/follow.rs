@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use plan_intake_client::{self as client, FollowError, FollowOptions};
+use plan_intake_wire::feed;
 
 use super::{CommandError, ServiceArgs, connect, stop_on_signals};
 
@@ -26,11 +27,16 @@ pub struct FollowArgs {
     #[arg(long)]
     pub expand: bool,
     /// Receipts per page
-    #[arg(long, default_value_t = FollowOptions::new("").limit, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = feed::DEFAULT_LIMIT, value_parser = clap::value_parser!(u32).range(1..=i64::from(feed::MAX_LIMIT)))]
     pub limit: u32,
-    /// Seconds one request waits for a receipt (default 30; 0 with --drain)
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60))]
-    pub wait_secs: Option<u64>,
+    /// Seconds one request waits for a receipt (with --drain: 0 unless given)
+    #[arg(
+        long,
+        default_value_t = FollowOptions::DEFAULT_WAIT.as_secs(),
+        default_value_if("drain", "true", "0"),
+        value_parser = clap::value_parser!(u64).range(0..=feed::MAX_WAIT.as_secs())
+    )]
+    pub wait_secs: u64,
     /// Run `sh -c CMD` once per non-empty page, its receipts as JSON lines on CMD's stdin; the cursor advances only when CMD exits 0
     #[arg(long, value_name = "CMD")]
     pub exec: Option<String>,
@@ -51,16 +57,14 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         drain,
     } = args;
     let client = connect(&service)?;
-    let defaults = FollowOptions::new(cursor_file);
-    let default_wait = if drain { Duration::ZERO } else { defaults.wait };
     let options = FollowOptions {
         from_start,
         expand,
         limit,
-        wait: wait_secs.map_or(default_wait, Duration::from_secs),
+        wait: Duration::from_secs(wait_secs),
         exec,
         drain,
-        ..defaults
+        ..FollowOptions::new(cursor_file)
     };
     let stop = stop_on_signals()?;
     // With --exec nothing goes to stdout, whatever it leads to

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::Subcommand;
+use plan_intake::intake::retention::MIN_RETENTION;
 use plan_intake::storage::MigrateOnOpen;
 
 use super::{CommandError, DatabaseArgs, open_single};
@@ -22,8 +23,10 @@ pub enum KeysAction {
         /// Only count what would be deleted
         #[arg(long)]
         dry_run: bool,
-        /// Take an --older-than below the minimum (48h, twice submit's longest retry window); only when no client retries that long
-        #[arg(long)]
+        #[arg(long, help = format!(
+            "Take an --older-than below the minimum ({}h, twice submit's longest retry window); only when no client retries that long",
+            MIN_RETENTION.as_secs() / 3600
+        ))]
         allow_short_retention: bool,
     },
 }
@@ -35,7 +38,7 @@ pub fn run(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError> {
         dry_run,
         allow_short_retention,
     } = action;
-    let minimum = plan_intake::intake::retention::MIN_RETENTION;
+    let minimum = MIN_RETENTION;
     // A dry run deletes nothing: it may count what a short retention would.
     if older_than < minimum && !allow_short_retention && !dry_run {
         return Err(CommandError::Usage(format!(

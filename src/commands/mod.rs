@@ -14,10 +14,9 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use clap::Args;
-use plan_intake::config::DEFAULT_DATABASE_URL;
+use plan_intake::config::{DEFAULT_DATABASE_URL, DEFAULT_SERVICE_URL};
 use plan_intake::intake::login::LoginError;
 use plan_intake::serve::ServeError;
 use plan_intake::storage::{Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
@@ -108,29 +107,11 @@ pub struct DatabaseArgs {
 #[derive(Args, Clone)]
 pub struct ServiceArgs {
     /// The service's root URL (http:// or https://)
-    #[arg(long, env = "PLAN_INTAKE_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "PLAN_INTAKE_URL", default_value = DEFAULT_SERVICE_URL)]
     pub url: String,
     /// A file holding the token; default: the environment variable PLAN_INTAKE_TOKEN
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
-}
-
-/// A default duration as the whole milliseconds a flag takes.
-pub fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// An address to listen on that resolves: `HOST:PORT`.
-pub fn parse_bind(text: &str) -> Result<String, &'static str> {
-    use std::net::ToSocketAddrs;
-    let resolves = text
-        .to_socket_addrs()
-        .is_ok_and(|mut addrs| addrs.next().is_some());
-    if resolves {
-        Ok(text.to_owned())
-    } else {
-        Err("must be HOST:PORT, e.g. 127.0.0.1:8080")
-    }
 }
 
 /// An Idempotency-Key the service accepts, checked before anything is
@@ -138,31 +119,6 @@ pub fn parse_bind(text: &str) -> Result<String, &'static str> {
 /// service unquotes itself).
 pub fn parse_key(text: &str) -> Result<String, String> {
     plan_intake::intake::idempotency_key::IdempotencyKey::parse(text).map(|_| text.to_owned())
-}
-
-/// 1 MiB to 4 GiB (one permit a byte).
-pub fn parse_bytes_in_flight(text: &str) -> Result<usize, &'static str> {
-    match text.parse::<usize>() {
-        Ok(n) if (1024 * 1024..=u32::MAX as usize).contains(&n) => Ok(n),
-        _ => Err("must be a number of bytes from 1048576 to 4294967295"),
-    }
-}
-
-/// A checkpoint's first line: printable, no spaces at its ends, at most 255 bytes.
-pub fn parse_origin(text: &str) -> Result<String, &'static str> {
-    let printable = text.chars().all(|c| !c.is_control());
-    if text.is_empty() || text.len() > 255 || !printable || text.trim() != text {
-        return Err("must be 1 to 255 printable bytes, no spaces at either end");
-    }
-    Ok(text.to_owned())
-}
-
-/// 1 byte to 64 MiB.
-pub fn parse_body_limit(text: &str) -> Result<usize, &'static str> {
-    match text.parse::<usize>() {
-        Ok(n) if (1..=64 * 1024 * 1024).contains(&n) => Ok(n),
-        _ => Err("must be a number of bytes from 1 to 67108864"),
-    }
 }
 
 /// The client for `--url` with the token from `--token-file` or the environment.

@@ -22,8 +22,10 @@ pub struct SubmitArgs {
     /// The Idempotency-Key (default: derived from the request, so the same request is a replay)
     #[arg(long, value_parser = parse_key)]
     pub key: Option<String>,
-    /// Cap of the first retry's random delay, in ms; doubles per retry up to 5 s
-    #[arg(long, default_value_t = super::millis(SubmitOptions::default().retry_base), value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    #[arg(long, help = format!(
+        "Cap of the first retry's random delay, in ms; doubles per retry up to {}",
+        humantime::format_duration(client::MAX_RETRY_DELAY)
+    ), default_value_t = plan_intake::config::millis(SubmitOptions::default().retry_base), value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub retry_base_ms: u64,
     /// Attempts in all, the first included
     #[arg(long, default_value_t = SubmitOptions::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..=1000))]

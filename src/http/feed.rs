@@ -8,7 +8,7 @@ use super::problem::{Problem, Refusals};
 use super::{ApiError, AppState, auth};
 use crate::deadline::Deadline;
 use crate::intake::Permission;
-use crate::intake::feed::{self, Cursor, FeedEntry};
+use crate::intake::feed::{self, Cursor, FeedCursor, FeedEntry};
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,11 +19,8 @@ struct FeedQuery {
     wait: Option<String>,
 }
 
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct FeedPage {
-    receipts: Vec<FeedEntry>,
-    next: String,
-}
+/// A page as this service answers it.
+type FeedPage = feed::FeedPage<FeedEntry>;
 
 /// `GET /v1/receipts?after=CURSOR&limit=N&expand=plan`: every receipt once,
 /// in feed order. `next` is always present; on an empty page it is the
@@ -57,9 +54,10 @@ pub async fn list_receipts(
         Some(_) => return Err(ApiError::BadQuery("`expand` takes only `plan`".to_owned())),
     };
     let limit = feed::parse_limit(query.limit.as_deref()).map_err(ApiError::BadQuery)?;
+    let limit = i64::from(limit);
     let deadline = super::deadline::of(&req, &state);
     let after = match query.after.as_deref() {
-        Some(feed::NOW) => {
+        Some(FeedCursor::NOW) => {
             let end = state
                 .blocking(deadline, move |intake| intake.feed_end(&deadline))
                 .await?;

@@ -9,7 +9,7 @@ use crate::intake::body::{BodyError, FieldError};
 use crate::intake::receipt::CorruptRow;
 use crate::intake::{ReadError, SubmitError};
 
-pub const PROBLEM_BASE: &str = "https://plan-intake.dev/problems/";
+pub use crate::intake::PROBLEM_BASE;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 /// Seconds a 503 asks the caller to wait before retrying with the same key.
 pub const RETRY_AFTER_SECS: u64 = 1;
@@ -177,7 +177,7 @@ impl ApiError {
             ApiError::BadIdempotencyKey(_) => kind(S::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key", "invalid", false),
             ApiError::MalformedJson(_) => kind(S::BAD_REQUEST, "malformed-json", "Malformed JSON", "invalid", false),
             ApiError::BadQuery(_) => kind(S::BAD_REQUEST, "invalid-query", "Invalid Query Parameters", "invalid", false),
-            ApiError::CursorNotInFeed(_) => kind(S::BAD_REQUEST, "cursor-not-in-feed", "Cursor Not In This Feed", "invalid", false),
+            ApiError::CursorNotInFeed(_) => kind(S::BAD_REQUEST, crate::intake::feed::CURSOR_NOT_IN_FEED, "Cursor Not In This Feed", "invalid", false),
             ApiError::MalformedHead => kind(S::BAD_REQUEST, "malformed-request", "Bad Request", "invalid", false),
             ApiError::Invalid(_) => kind(S::UNPROCESSABLE_ENTITY, "validation-failed", "Validation Failed", "invalid", false),
             ApiError::KeyReused => kind(S::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency Key Reused", "key_reused", false),

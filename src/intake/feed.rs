@@ -7,6 +7,12 @@ use super::receipt::{CorruptRow, PlanView, Receipt};
 use crate::deadline::Deadline;
 use crate::metrics::Metrics;
 use diesel::QueryResult;
+/// The feed as readers see it: its page, cursor and bounds, shared with
+/// the client.
+pub use plan_intake_wire::feed::{
+    CURSOR_NOT_IN_FEED, DEFAULT_LIMIT, FeedCursor, FeedPage, MAX_LIMIT, MAX_WAIT, parse_limit,
+    parse_wait,
+};
 
 use crate::storage::feed::{self as stored, FeedPosition, PageRows, Standing};
 use crate::storage::{Database, DbConn};
@@ -44,8 +50,8 @@ impl Cursor {
     }
 
     /// Opaque to readers: hex of `v2:{feed_xid}:{id}:{anchor}`.
-    pub fn encode(self) -> String {
-        encode(self)
+    pub fn encode(self) -> FeedCursor {
+        FeedCursor::new(encode(self))
     }
 
     /// A cursor this service issued, or a message saying it is not one.
@@ -168,16 +174,11 @@ pub(super) fn page(
     Ok(Page { entries, next })
 }
 
-pub const DEFAULT_LIMIT: i64 = 100;
-pub const MAX_LIMIT: i64 = 1000;
 /// `v2` cursors carry their receipt's anchor; `v1` cursors (before) are
 /// still read, placed by their position alone, and handed back as `v1`
 /// (an empty page's `next` is the cursor sent) until a page moves them.
 const VERSION: &str = "v2";
 const VERSION_1: &str = "v1";
-/// `after=now`: start at the current end of the feed.
-pub const NOW: &str = plan_intake_wire::FEED_NOW;
-
 fn encode(cursor: Cursor) -> String {
     let (xid, id) = (cursor.position.xid, cursor.position.id);
     let text = match cursor.anchor {
@@ -229,33 +230,6 @@ fn decode(cursor: &str) -> Result<Cursor, String> {
         return Err(invalid());
     }
     Ok(Cursor { position, anchor })
-}
-
-/// `limit` as sent (absent: the default), within 1–1000.
-pub fn parse_limit(limit: Option<&str>) -> Result<i64, String> {
-    let Some(limit) = limit else {
-        return Ok(DEFAULT_LIMIT);
-    };
-    match limit.parse::<i64>() {
-        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-        _ => Err(format!("`limit` must be an integer from 1 to {MAX_LIMIT}")),
-    }
-}
-
-/// The longest a reader may wait for a receipt, in seconds.
-pub const MAX_WAIT_SECS: u64 = 60;
-
-/// `wait` as sent (absent: 0), whole seconds within 0–60.
-pub fn parse_wait(wait: Option<&str>) -> Result<std::time::Duration, String> {
-    let Some(wait) = wait else {
-        return Ok(std::time::Duration::ZERO);
-    };
-    match wait.parse::<u64>() {
-        Ok(n) if n <= MAX_WAIT_SECS => Ok(std::time::Duration::from_secs(n)),
-        _ => Err(format!(
-            "`wait` must be a whole number of seconds from 0 to {MAX_WAIT_SECS}"
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -316,27 +290,5 @@ mod tests {
         };
         assert!(old.placed(&Standing::At("anything".to_owned())));
         assert!(!old.placed(&Standing::Nowhere));
-    }
-
-    #[test]
-    fn waits_are_bounded() {
-        assert_eq!(parse_wait(None), Ok(std::time::Duration::ZERO));
-        assert_eq!(
-            parse_wait(Some("60")),
-            Ok(std::time::Duration::from_secs(60))
-        );
-        for bad in ["61", "-1", "1.5", "x", ""] {
-            assert!(parse_wait(Some(bad)).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn limits_are_bounded() {
-        assert_eq!(parse_limit(None), Ok(100));
-        assert_eq!(parse_limit(Some("1")), Ok(1));
-        assert_eq!(parse_limit(Some("1000")), Ok(1000));
-        for bad in ["0", "1001", "-1", "x", ""] {
-            assert!(parse_limit(Some(bad)).is_err(), "{bad}");
-        }
     }
 }

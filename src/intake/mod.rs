@@ -34,7 +34,7 @@ pub use body::{ApprovedInput, RunId, Submission};
 pub use idempotency_key::IdempotencyKey;
 pub use login::{Caller, Login, LoginError, Permission};
 /// The RFC 9457 problem every error answers (`crates/wire`).
-pub use plan_intake_wire::Problem;
+pub use plan_intake_wire::{PROBLEM_BASE, Problem};
 pub use read::{ReadById, ReadError, Readiness};
 pub use receipt::{PlanView, Receipt};
 pub use retry::RetryPolicy;

@@ -110,9 +110,10 @@ impl Database {
             match (&options.feed_listen_url, options.pg_pooler) {
                 (Some(direct), _) => feed.listen(pool::with_libpq_defaults(direct)),
                 (None, PgPooler::None) => feed.listen(pool::with_libpq_defaults(url)),
-                (None, PgPooler::Transaction) => tracing::info!(
-                    "no --feed-listen-url: waiting feed readers wake on this instance's writes, and re-read every half second for other instances'"
-                ),
+                // No LISTEN through a transaction pooler: readers wake on
+                // this instance's writes and re-read every half second
+                // (`serve` says so at start).
+                (None, PgPooler::Transaction) => {}
             }
         }
         let pool = build_pool(manager, options);

@@ -286,6 +286,51 @@ async fn the_openapi_key_pattern_is_the_parser() {
     }
 }
 
+/// The feed's bounds in the OpenAPI document are the ones the service and
+/// the client share (`plan_intake_wire::feed`).
+#[actix_web::test]
+async fn the_openapi_feed_bounds_are_the_wire_bounds() {
+    use plan_intake_wire::feed::{DEFAULT_LIMIT, MAX_LIMIT, MAX_WAIT};
+    let app = TestApp::new(TestDb::sqlite());
+    let service = app.service().await;
+    let doc = send(&service, TestRequest::get().uri("/openapi.json"))
+        .await
+        .body;
+    let param = |name: &str| {
+        doc["paths"]["/v1/receipts"]["get"]["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("the feed's `{name}` parameter"))
+    };
+    let (limit, wait) = (param("limit"), param("wait"));
+    assert_eq!(limit["schema"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        limit["schema"]["maximum"].as_f64(),
+        Some(f64::from(MAX_LIMIT))
+    );
+    let said = limit["description"].as_str().unwrap_or_default();
+    assert!(
+        said.contains(&format!("(default {DEFAULT_LIMIT})")),
+        "{said}"
+    );
+    assert_eq!(wait["schema"]["minimum"].as_f64(), Some(0.0));
+    assert_eq!(
+        wait["schema"]["maximum"].as_f64(),
+        Some(MAX_WAIT.as_secs() as f64)
+    );
+    let refused = doc["paths"]["/v1/receipts"]["get"]["responses"]["400"]["description"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        refused.contains(&format!("a limit outside 1-{MAX_LIMIT}"))
+            && refused.contains(&format!("a wait outside 0-{}", MAX_WAIT.as_secs())),
+        "{refused}"
+    );
+}
+
 #[actix_web::test]
 async fn the_openapi_document_covers_every_route_status_and_header() {
     let app = TestApp::new(TestDb::sqlite());

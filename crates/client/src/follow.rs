@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+use plan_intake_wire::feed::{CURSOR_NOT_IN_FEED, DEFAULT_LIMIT, FeedCursor, FeedPage};
+
 use super::{Backoff, Client, Exchange};
 
 /// What to follow and where to hand it. The defaults are the CLI's.
@@ -24,9 +26,10 @@ pub struct FollowOptions {
     pub from_start: bool,
     /// Each entry is `{receipt, approved_inputs, content}` instead of the receipt.
     pub expand: bool,
-    /// Receipts per page, 1–1000.
+    /// Receipts per page, from 1 to `plan_intake_wire::feed::MAX_LIMIT`.
     pub limit: u32,
-    /// How long one request waits for a receipt to join the feed.
+    /// How long one request waits for a receipt to join the feed, at most
+    /// `plan_intake_wire::feed::MAX_WAIT`.
     pub wait: Duration,
     /// Run `sh -c CMD` once per non-empty page, the page's entries as JSON
     /// lines on its stdin; `None`: write them to the output.
@@ -39,16 +42,21 @@ pub struct FollowOptions {
 }
 
 impl FollowOptions {
+    /// How long one request waits for a receipt unless told otherwise.
+    pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+    /// The first retry's cap unless told otherwise.
+    pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
+
     pub fn new(cursor_file: impl Into<PathBuf>) -> Self {
         Self {
             cursor_file: cursor_file.into(),
             from_start: false,
             expand: false,
-            limit: 100,
-            wait: Duration::from_secs(30),
+            limit: DEFAULT_LIMIT,
+            wait: Self::DEFAULT_WAIT,
             exec: None,
             drain: false,
-            retry_base: Duration::from_millis(100),
+            retry_base: Self::DEFAULT_RETRY_BASE,
         }
     }
 }
@@ -104,11 +112,8 @@ impl FollowError {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Page {
-    receipts: Vec<Box<RawValue>>,
-    next: String,
-}
+/// A page with its entries kept as sent, to be handed on byte for byte.
+type Page = FeedPage<Box<RawValue>>;
 
 /// Follows the feed from the cursor in `options.cursor_file` until `stop`
 /// is set (the page in hand is finished and its cursor saved first) or, with
@@ -135,11 +140,11 @@ pub fn follow(
     };
     done.cursor_saved = saved;
     loop {
-        let Some(page) = run.fetch(cursor.as_deref(), options.wait)? else {
+        let Some(page) = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait)? else {
             return Ok(done);
         };
         if page.receipts.is_empty() {
-            if cursor.as_deref() != Some(page.next.as_str()) {
+            if cursor.as_ref() != Some(&page.next) {
                 save_cursor(&options.cursor_file, &page.next)?;
                 done.cursor_saved = true;
                 cursor = Some(page.next);
@@ -176,20 +181,19 @@ impl Run<'_> {
     /// first page cannot move the start past receipts written meanwhile.
     /// `None`: asked to stop before a start was known. With the cursor,
     /// whether it was saved just now.
-    fn starting_cursor(&mut self) -> Result<Option<(Option<String>, bool)>, FollowError> {
+    fn starting_cursor(&mut self) -> Result<Option<(Option<FeedCursor>, bool)>, FollowError> {
         let path = &self.options.cursor_file;
         match std::fs::read_to_string(path) {
             Ok(text) if text.trim().is_empty() => Err(FollowError::BadCursor(format!(
                 "cursor file {} is empty; remove it to start at the feed's end",
                 path.display()
             ))),
-            Ok(text) => Ok(Some((Some(text.trim().to_owned()), false))),
+            Ok(text) => Ok(Some((Some(FeedCursor::new(text.trim())), false))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if self.options.from_start {
                     return Ok(Some((None, false)));
                 }
-                let Some(end) = self.fetch(Some(plan_intake_wire::FEED_NOW), Duration::ZERO)?
-                else {
+                let Some(end) = self.fetch(Some(FeedCursor::NOW), Duration::ZERO)? else {
                     return Ok(None);
                 };
                 save_cursor(path, &end.next)?;
@@ -234,7 +238,7 @@ impl Run<'_> {
                                 ))
                             });
                     }
-                    400 if answer.body.contains(CURSOR_NOT_IN_FEED) => {
+                    400 if answer.is_problem(CURSOR_NOT_IN_FEED) => {
                         return Err(FollowError::BadCursor(format!(
                             "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped: remove the file to start at the feed's current end, or remove it and pass --from-start to read the whole feed again (downstream must then tolerate repeats)",
                             self.options.cursor_file.display(),
@@ -343,9 +347,6 @@ impl Run<'_> {
     }
 }
 
-/// The problem type the service answers a cursor it cannot place with.
-const CURSOR_NOT_IN_FEED: &str = "problems/cursor-not-in-feed";
-
 /// How often a wait looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
@@ -386,7 +387,7 @@ fn run_command(command: &str, lines: &[u8]) -> io::Result<std::process::ExitStat
 /// Replaces the cursor file so that a crash at any moment leaves either the
 /// old cursor or the new one, never a torn one: temp file, fsync, rename,
 /// fsync of the directory (which makes the rename itself durable).
-fn save_cursor(path: &Path, cursor: &str) -> Result<(), FollowError> {
+fn save_cursor(path: &Path, cursor: &FeedCursor) -> Result<(), FollowError> {
     let failed = |source| FollowError::CursorFile {
         path: path.to_owned(),
         source,
@@ -417,8 +418,8 @@ mod tests {
     fn a_saved_cursor_replaces_the_old_one_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("orders.cursor");
-        save_cursor(&path, "c-1").expect("save");
-        save_cursor(&path, "c-2").expect("save again");
+        save_cursor(&path, &FeedCursor::new("c-1")).expect("save");
+        save_cursor(&path, &FeedCursor::new("c-2")).expect("save again");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "c-2\n");
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("list")

@@ -10,7 +10,9 @@ use std::io::Read;
 use std::time::Duration;
 
 pub use follow::{FollowError, FollowOptions, Followed, follow};
-pub use submit::{LastAnswer, Outcome, RanOut, SubmitError, SubmitOptions, Submitted, derive_key};
+pub use submit::{
+    LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions, Submitted, derive_key,
+};
 
 /// The service's address and the caller's token, over one keep-alive agent.
 #[derive(Clone)]
@@ -109,6 +111,11 @@ impl Answer {
             status: self.status,
             summary: self.summary(),
         }
+    }
+
+    /// Whether the body is the service's problem of type `slug`.
+    fn is_problem(&self, slug: &str) -> bool {
+        serde_json::from_str::<plan_intake_wire::Problem>(&self.body).is_ok_and(|p| p.is(slug))
     }
 
     /// A problem+json's `detail` (or `title`) and `errors`, else the start

@@ -13,7 +13,8 @@ pub struct SubmitOptions {
     pub key: Option<String>,
     /// Attempts in all, the first included.
     pub max_attempts: u32,
-    /// Cap of the first retry's random delay; doubles per retry up to 5 s.
+    /// Cap of the first retry's random delay; doubles per retry up to
+    /// [`MAX_RETRY_DELAY`].
     pub retry_base: Duration,
     /// The whole call, every attempt and wait included.
     pub timeout: Duration,

@@ -3,8 +3,8 @@
 //! request and the rules it must meet (`body`), the two hashes a receipt
 //! carries (`hashing`), the receipt ([`Receipt`]) and how the service took
 //! a plan ([`Outcome`]), the
-//! RFC 9457 problem every error answers ([`Problem`]), the feed's cursor
-//! word for its end ([`FEED_NOW`]), and the full-jitter backoff both sides
+//! RFC 9457 problem every error answers ([`Problem`]), the feed's pages,
+//! cursors and bounds (`feed`), and the full-jitter backoff both sides
 //! retry with ([`RetryPolicy`]).
 //!
 //! Features: `openapi` derives the types' OpenAPI schemas (the server's
@@ -15,6 +15,7 @@
 //! untagged enums should know).
 
 pub mod body;
+pub mod feed;
 pub mod hashing;
 pub mod retry;
 
@@ -24,8 +25,8 @@ pub use retry::RetryPolicy;
 
 use serde::{Deserialize, Serialize};
 
-/// The cursor `after=now`: the end of the settled feed.
-pub const FEED_NOW: &str = "now";
+/// Where every problem type lives: a problem's `type` is this and a slug.
+pub const PROBLEM_BASE: &str = "https://plan-intake.dev/problems/";
 
 /// How the service took a plan: the `outcome` of an answer to
 /// `POST /v1/plans`.
@@ -109,4 +110,11 @@ pub struct Problem {
     /// Present on validation failures: one entry per refused field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<body::FieldError>>,
+}
+
+impl Problem {
+    /// Whether this is the problem type `slug` (as in [`feed::CURSOR_NOT_IN_FEED`]).
+    pub fn is(&self, slug: &str) -> bool {
+        self.kind.strip_prefix(PROBLEM_BASE) == Some(slug)
+    }
 }
