@@ -168,15 +168,34 @@ fn slow_clients_are_cut_and_others_are_served(db: TestDb) {
 }
 
 /// 1,000 requests with unknown tokens, each declaring a 1 MiB body, cost
-/// the service less than a second of CPU in all: each is answered from its
-/// head (401 once looked up, 503 when the strangers' lookups of that second
-/// are used up), and none of its body is read. (Each sends its first 64 KiB,
-/// what a socket takes at once; the rest is never asked for.)
+/// the service no more than 1,000 such requests without a body: each is
+/// answered from its head (401 once looked up, 503 when the strangers'
+/// lookups of that second are used up), and none of its body is read. (Each
+/// sends its first 64 KiB, what a socket takes at once; the rest is never
+/// asked for.) Reading and parsing the bodies cost about 150 ms each; the
+/// bound is the bodiless run's CPU twice over plus half a second, measured
+/// in the same run, so a slow or busy machine does not fail it. Both figures
+/// are printed.
 fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
     let url = db.url.clone();
     let _app = TestApp::new(db);
     let server = ServeProcess::start(&url);
-    let chunk = vec![b' '; 64 * 1024];
+    let without_bodies = strangers_cpu_seconds(&server, "bare", 0);
+    let with_bodies = strangers_cpu_seconds(&server, "large", 1024 * 1024);
+    eprintln!(
+        "1,000 strangers cost {with_bodies:.2} s of CPU declaring 1 MiB bodies, {without_bodies:.2} s without"
+    );
+    assert!(
+        with_bodies < 2.0 * without_bodies + 0.5,
+        "1,000 strangers cost {with_bodies:.2} s of CPU declaring 1 MiB bodies, {without_bodies:.2} s without"
+    );
+}
+
+/// The service's CPU for 1,000 requests with unknown tokens declaring
+/// `declared` bytes of body (sending the first 64 KiB of it), each answered
+/// 401 or 503.
+fn strangers_cpu_seconds(server: &ServeProcess, name: &str, declared: usize) -> f64 {
+    let chunk = vec![b' '; declared.min(64 * 1024)];
     let before = server.cpu_seconds();
     for i in 0..1000 {
         let mut stream = std::net::TcpStream::connect(&server.addr).expect("connect");
@@ -185,7 +204,7 @@ fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
             .expect("timeout");
         write!(
             stream,
-            "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pit_stranger_{i}\r\nIdempotency-Key: k{i}\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+            "POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pit_stranger_{name}_{i}\r\nIdempotency-Key: k{i}\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
         )
         .expect("head");
         let _ = stream.write_all(&chunk);
@@ -197,8 +216,7 @@ fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
             String::from_utf8_lossy(&answer)
         );
     }
-    let spent = server.cpu_seconds() - before;
-    assert!(spent < 1.0, "1,000 strangers cost {spent:.2} s of CPU");
+    server.cpu_seconds() - before
 }
 
 /// The peak memory of a service taking 32 plans of 1 MiB at once, each a
