@@ -68,7 +68,7 @@ pub fn millis(duration: Duration) -> u64 {
 }
 
 /// An address to listen on that resolves: `HOST:PORT`.
-pub fn parse_bind(text: &str) -> Result<String, &'static str> {
+pub fn parse_bind(text: &str) -> Result<String, String> {
     use std::net::ToSocketAddrs;
     let resolves = text
         .to_socket_addrs()
@@ -76,7 +76,7 @@ pub fn parse_bind(text: &str) -> Result<String, &'static str> {
     if resolves {
         Ok(text.to_owned())
     } else {
-        Err("must be HOST:PORT, e.g. 127.0.0.1:8080")
+        Err(format!("must be HOST:PORT, e.g. {DEFAULT_BIND}"))
     }
 }
 

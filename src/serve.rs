@@ -1,4 +1,5 @@
-//! `plan-intake serve`: open the database, then run the HTTP service.
+//! `plan-intake serve`: its settings (`ServeSettings`, the flags clap
+//! fills), then the database opened and the HTTP service run.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
@@ -13,10 +14,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::config::{
-    DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT, DEFAULT_FEED_PAGE_BYTES,
-    DEFAULT_LOG_ORIGIN, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_INFLIGHT_PER_LOGIN,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS, HttpConfig, millis, parse_bind,
-    parse_body_limit, parse_bytes_in_flight, parse_origin,
+    BODY_BYTES_PATIENCE, DEFAULT_BIND, DEFAULT_BODY_LIMIT, DEFAULT_CLIENT_TIMEOUT,
+    DEFAULT_FEED_PAGE_BYTES, DEFAULT_LOG_ORIGIN, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+    DEFAULT_MAX_INFLIGHT_PER_LOGIN, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+    HttpConfig, millis, parse_bind, parse_body_limit, parse_bytes_in_flight, parse_origin,
 };
 use crate::deadline::Deadline;
 use crate::http::{self, AppState};
@@ -72,14 +73,17 @@ pub struct ServeSettings {
     /// Submissions one login may have in flight; past it, 429 with Retry-After and nothing written
     #[arg(long, env = "PLAN_INTAKE_MAX_INFLIGHT_PER_LOGIN", default_value_t = DEFAULT_MAX_INFLIGHT_PER_LOGIN as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_inflight_per_login: u32,
-    /// Bytes of request bodies and expanded reads held at once; past it a request waits up to 1 s, then gets 503 with Retry-After
-    #[arg(long, env = "PLAN_INTAKE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, value_parser = parse_bytes_in_flight)]
+    #[arg(long, help = format!(
+        "Bytes of request bodies and expanded reads held at once; past it a request waits up to {} s, then gets 503 with Retry-After",
+        BODY_BYTES_PATIENCE.as_secs()
+    ), env = "PLAN_INTAKE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT, value_parser = parse_bytes_in_flight)]
     pub max_body_bytes_in_flight: usize,
     /// Bytes of plans one `expand=plan` feed page holds; past it the page ends early with its `next` (one larger plan is a page of one)
     #[arg(long, env = "PLAN_INTAKE_FEED_PAGE_BYTES", default_value_t = DEFAULT_FEED_PAGE_BYTES, value_parser = parse_bytes_in_flight)]
     pub feed_page_bytes: usize,
-    /// Postgres: the most plans written together in one statement and one commit (group commit); a lone plan is written at once. At most 31, so each batch's subtransactions stay within what Postgres caches
-    #[arg(long, env = "PLAN_INTAKE_PG_WRITE_BATCH", default_value_t = DEFAULT_PG_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_PG_BATCH as i64))]
+    #[arg(long, help = format!(
+        "Postgres: the most plans written together in one statement and one commit (group commit); a lone plan is written at once. At most {MAX_PG_BATCH}, so each batch's subtransactions stay within what Postgres caches"
+    ), env = "PLAN_INTAKE_PG_WRITE_BATCH", default_value_t = DEFAULT_PG_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_PG_BATCH as i64))]
     pub pg_write_batch: u32,
     /// A connection's first request head, and then each body, must arrive within this many ms (408 otherwise)
     #[arg(long, env = "PLAN_INTAKE_CLIENT_TIMEOUT_MS", default_value_t = millis(DEFAULT_CLIENT_TIMEOUT), value_parser = clap::value_parser!(u64).range(100..=600_000))]

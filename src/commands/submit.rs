@@ -31,7 +31,7 @@ pub struct SubmitArgs {
     #[arg(long, default_value_t = SubmitOptions::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: u32,
     /// Seconds for the whole call, every attempt and wait included
-    #[arg(long, default_value_t = SubmitOptions::default().timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(long, default_value_t = SubmitOptions::default().timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..=SubmitOptions::MAX_TIMEOUT.as_secs()))]
     pub timeout_secs: u64,
 }
 

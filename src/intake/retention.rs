@@ -7,7 +7,8 @@ use std::time::Duration;
 
 /// The shortest retention `keys prune` takes without being told it is
 /// meant: twice the longest retry window a `submit` can have
-/// (`--timeout-secs` up to 24 h). A key pruned while its client still
+/// (`SubmitOptions::MAX_TIMEOUT` in the client, 24 h; a test holds the
+/// two together). A key pruned while its client still
 /// retries turns that client's retry with other content into a second plan.
 pub const MIN_RETENTION: Duration = Duration::from_secs(48 * 3600);
 

@@ -172,23 +172,25 @@ fn slow_clients_are_cut_and_others_are_served(db: TestDb) {
 /// answered from its head (401 once looked up, 503 when the strangers'
 /// lookups of that second are used up), and none of its body is read. (Each
 /// sends its first 64 KiB, what a socket takes at once; the rest is never
-/// asked for.) Reading and parsing the bodies cost about 150 ms each; the
-/// bound is the bodiless run's CPU twice over plus half a second, measured
-/// in the same run, so a slow or busy machine does not fail it. Both figures
-/// are printed.
-fn a_thousand_strangers_with_large_bodies_cost_under_a_second(db: TestDb) {
+/// asked for.) Before strangers were answered from the head, each body was
+/// read and parsed first: about 150 ms of CPU each.
+///
+/// The bound is relative, measured in the same run: a debug build on a
+/// busy 2-core machine spends 0.7-1.1 s on 1,000 bodiless strangers alone,
+/// so an absolute second measured the machine. The bodiless run is held to
+/// 3 ms a stranger, so that strangers cannot grow costly together either.
+fn a_thousand_strangers_with_large_bodies_cost_what_bodiless_ones_do(db: TestDb) {
     let url = db.url.clone();
     let _app = TestApp::new(db);
     let server = ServeProcess::start(&url);
     let without_bodies = strangers_cpu_seconds(&server, "bare", 0);
     let with_bodies = strangers_cpu_seconds(&server, "large", 1024 * 1024);
-    eprintln!(
+    let said = format!(
         "1,000 strangers cost {with_bodies:.2} s of CPU declaring 1 MiB bodies, {without_bodies:.2} s without"
     );
-    assert!(
-        with_bodies < 2.0 * without_bodies + 0.5,
-        "1,000 strangers cost {with_bodies:.2} s of CPU declaring 1 MiB bodies, {without_bodies:.2} s without"
-    );
+    eprintln!("{said}");
+    assert!(with_bodies < 2.0 * without_bodies + 0.5, "{said}");
+    assert!(without_bodies < 3.0, "{said}");
 }
 
 /// The service's CPU for 1,000 requests with unknown tokens declaring
@@ -319,7 +321,7 @@ fn many_large_plans_at_once_keep_memory_bounded(db: TestDb) {
 
 crate::on_both_backends_sync!(
     many_large_plans_at_once_keep_memory_bounded,
-    a_thousand_strangers_with_large_bodies_cost_under_a_second,
+    a_thousand_strangers_with_large_bodies_cost_what_bodiless_ones_do,
     a_flooding_planner_cannot_starve_another,
     slow_clients_are_cut_and_others_are_served,
 );

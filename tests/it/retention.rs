@@ -153,6 +153,16 @@ fn pruning_under_load_keeps_every_plan(db: TestDb) {
 crate::on_both_backends!(a_retry_under_a_pruned_key_is_already_received,);
 crate::on_both_backends_sync!(pruning_under_load_keeps_every_plan,);
 
+/// The minimum retention is twice the longest call `submit` takes: the
+/// two are written in two crates (the domain may not use the client).
+#[test]
+fn the_minimum_retention_is_twice_the_longest_submit() {
+    assert_eq!(
+        plan_intake::intake::retention::MIN_RETENTION,
+        2 * plan_intake_client::SubmitOptions::MAX_TIMEOUT
+    );
+}
+
 /// A retention shorter than the clients' retry window is refused with one
 /// line, exit 2, and deletes nothing, unless asked for explicitly.
 #[test]

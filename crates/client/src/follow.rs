@@ -44,9 +44,6 @@ pub struct FollowOptions {
 impl FollowOptions {
     /// How long one request waits for a receipt unless told otherwise.
     pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-    /// The first retry's cap unless told otherwise.
-    pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
-
     pub fn new(cursor_file: impl Into<PathBuf>) -> Self {
         Self {
             cursor_file: cursor_file.into(),
@@ -56,7 +53,7 @@ impl FollowOptions {
             wait: Self::DEFAULT_WAIT,
             exec: None,
             drain: false,
-            retry_base: Self::DEFAULT_RETRY_BASE,
+            retry_base: super::submit::DEFAULT_RETRY_BASE,
         }
     }
 }

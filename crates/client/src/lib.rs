@@ -11,7 +11,8 @@ use std::time::Duration;
 
 pub use follow::{FollowError, FollowOptions, Followed, follow};
 pub use submit::{
-    LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions, Submitted, derive_key,
+    DEFAULT_RETRY_BASE, LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions,
+    Submitted, derive_key,
 };
 
 /// The service's address and the caller's token, over one keep-alive agent.

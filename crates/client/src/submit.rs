@@ -20,16 +20,25 @@ pub struct SubmitOptions {
     pub timeout: Duration,
 }
 
+impl SubmitOptions {
+    /// The longest whole call the command line takes (`--timeout-secs`); the
+    /// service keeps idempotency keys at least twice as long.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+}
+
 impl Default for SubmitOptions {
     fn default() -> Self {
         Self {
             key: None,
             max_attempts: 8,
-            retry_base: Duration::from_millis(100),
+            retry_base: DEFAULT_RETRY_BASE,
             timeout: Duration::from_secs(60),
         }
     }
 }
+
+/// The first retry's cap unless told otherwise, for `submit` and `follow`.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
 
 /// No retry waits longer than this (unless the service's `Retry-After` asks).
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);

@@ -82,11 +82,26 @@ impl TempCluster {
         standby
     }
 
-    /// `pg_ctl ACTION ARGS` (start, stop -m immediate, promote), waiting
-    /// for it to finish. Called as Debian's `pg_ctlcluster` would call it,
-    /// on the cluster's configuration directory, without the two seconds
-    /// `pg_ctlcluster` adds to every start.
+    /// `pg_ctl ACTION ARGS` (start, stop -m immediate, promote, restart),
+    /// waiting for it to finish, on the cluster's configuration directory
+    /// (pg_ctl finds the data directory from it): what `pg_ctlcluster` does,
+    /// without the two seconds it adds to every start. A failure says the
+    /// end of the server's log.
     pub fn ctl(&self, action: &[&str]) -> Result<(), String> {
+        // The configuration's socket directory, as `pg_ctlcluster` makes it.
+        run(
+            "install",
+            &[
+                "-d",
+                "-o",
+                "postgres",
+                "-g",
+                "postgres",
+                "-m",
+                "2775",
+                "/var/run/postgresql",
+            ],
+        )?;
         let pg_ctl = format!("/usr/lib/postgresql/{}/bin/pg_ctl", self.version);
         let config = format!("/etc/postgresql/{}/{}", self.version, self.name);
         let log = format!(
@@ -97,7 +112,12 @@ impl TempCluster {
             "-u", "postgres", "--", &pg_ctl, "-D", &config, "-l", &log, "-w",
         ];
         args.extend_from_slice(action);
-        run("runuser", &args)
+        run("runuser", &args).map_err(|e| {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = said.lines().rev().take(10).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("{e}\n{log}:\n{}", tail.join("\n"))
+        })
     }
 
     /// Runs `sql` as the superuser in `postgres`; its output, trimmed.
