@@ -10,8 +10,7 @@ use diesel::QueryResult;
 /// The feed as readers see it: its page, cursor and bounds, shared with
 /// the client.
 pub use plan_intake_wire::feed::{
-    CURSOR_NOT_IN_FEED, DEFAULT_LIMIT, FeedCursor, FeedPage, MAX_LIMIT, MAX_WAIT, parse_limit,
-    parse_wait,
+    CURSOR_NOT_IN_FEED, FeedCursor, FeedPage, parse_limit, parse_wait,
 };
 
 use crate::storage::feed::{self as stored, FeedPosition, PageRows, Standing};

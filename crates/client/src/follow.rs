@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
-use plan_intake_wire::feed::{CURSOR_NOT_IN_FEED, DEFAULT_LIMIT, FeedCursor, FeedPage};
+use plan_intake_wire::feed::{
+    CURSOR_NOT_IN_FEED, DEFAULT_LIMIT, FeedCursor, FeedPage, MAX_LIMIT, MAX_WAIT,
+};
 
 use super::{Backoff, Client, Exchange};
 
@@ -34,7 +36,8 @@ pub struct FollowOptions {
     /// Run `sh -c CMD` once per non-empty page, the page's entries as JSON
     /// lines on its stdin; `None`: write them to the output.
     pub exec: Option<String>,
-    /// Stop at the first empty page instead of waiting for more.
+    /// Stop at the first empty page instead of waiting for more (that page
+    /// still waits up to `wait`: the command line's `--drain` sets it to 0).
     pub drain: bool,
     /// Cap of the first retry's random delay (unreachable service, failing
     /// CMD); doubles per retry up to 5 s.
@@ -80,6 +83,9 @@ pub enum FollowError {
     /// The cursor file holds nothing, or the service refuses its cursor.
     #[error("bad cursor: {0}")]
     BadCursor(String),
+    /// A `limit` or `wait` outside what the service takes; nothing was sent.
+    #[error("{0}")]
+    Options(String),
     /// 401 or 403: the token is wrong, revoked, or lacks `receipts:read`.
     #[error("not allowed: {0}")]
     Denied(String),
@@ -97,10 +103,12 @@ pub enum FollowError {
 }
 
 impl FollowError {
-    /// sysexits: 65 data error, 77 no permission, 74 I/O error, 71 OS error, 1 otherwise.
+    /// sysexits: 65 data error, 77 no permission, 74 I/O error, 71 OS error;
+    /// 2 options out of bounds (a bad command line); 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::BadCursor(_) => 65,
+            Self::Options(_) => 2,
             Self::Denied(_) => 77,
             Self::CursorFile { .. } | Self::Output(_) => 74,
             Self::Exec { .. } => 71,
@@ -131,6 +139,19 @@ pub fn follow(
             cap: super::submit::MAX_RETRY_DELAY,
         },
     };
+    if !(1..=MAX_LIMIT).contains(&options.limit) {
+        return Err(FollowError::Options(format!(
+            "limit {} is outside 1 to {MAX_LIMIT}",
+            options.limit
+        )));
+    }
+    if options.wait > MAX_WAIT {
+        return Err(FollowError::Options(format!(
+            "wait {} s is more than the {} s the service takes",
+            options.wait.as_secs_f64(),
+            MAX_WAIT.as_secs()
+        )));
+    }
     let mut done = Followed::default();
     let Some((mut cursor, saved)) = run.starting_cursor()? else {
         return Ok(done);
@@ -423,5 +444,32 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("orders.cursor")]);
+    }
+
+    /// Bounds the service would refuse are refused first, with nothing sent
+    /// (the client points at a port nobody listens on, which a request
+    /// would wait out for ever) and no cursor file written.
+    #[test]
+    fn options_outside_the_service_bounds_are_refused_before_any_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let client = Client::new("http://127.0.0.1:9", "token").expect("a client");
+        let stop = AtomicBool::new(false);
+        for (limit, wait) in [
+            (0, Duration::ZERO),
+            (MAX_LIMIT + 1, Duration::ZERO),
+            (DEFAULT_LIMIT, MAX_WAIT + Duration::from_secs(1)),
+        ] {
+            let options = FollowOptions {
+                limit,
+                wait,
+                ..FollowOptions::new(dir.path().join("cursor"))
+            };
+            let refused = follow(&client, &options, &stop, &mut std::io::sink());
+            assert!(
+                matches!(refused, Err(FollowError::Options(_))),
+                "{limit} {wait:?}: {refused:?}"
+            );
+            assert!(!dir.path().join("cursor").exists());
+        }
     }
 }
