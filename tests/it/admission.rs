@@ -178,7 +178,7 @@ fn slow_clients_are_cut_and_others_are_served(db: TestDb) {
 /// The bound is relative, measured in the same run: a debug build on a
 /// busy 2-core machine spends 0.7-1.1 s on 1,000 bodiless strangers alone,
 /// so an absolute second measured the machine. The bodiless run is held to
-/// 3 ms a stranger, so that strangers cannot grow costly together either.
+/// 5 ms a stranger, so that strangers cannot grow costly together either.
 fn a_thousand_strangers_with_large_bodies_cost_what_bodiless_ones_do(db: TestDb) {
     let url = db.url.clone();
     let _app = TestApp::new(db);
@@ -190,7 +190,7 @@ fn a_thousand_strangers_with_large_bodies_cost_what_bodiless_ones_do(db: TestDb)
     );
     eprintln!("{said}");
     assert!(with_bodies < 2.0 * without_bodies + 0.5, "{said}");
-    assert!(without_bodies < 3.0, "{said}");
+    assert!(without_bodies < 5.0, "{said}");
 }
 
 /// The service's CPU for 1,000 requests with unknown tokens declaring

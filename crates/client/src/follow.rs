@@ -447,13 +447,14 @@ mod tests {
     }
 
     /// Bounds the service would refuse are refused first, with nothing sent
-    /// (the client points at a port nobody listens on, which a request
-    /// would wait out for ever) and no cursor file written.
+    /// and no cursor file written. The stop flag is set, so that without
+    /// the check `follow` would return at once (`Ok`) instead of waiting out
+    /// the port nobody listens on.
     #[test]
     fn options_outside_the_service_bounds_are_refused_before_any_request() {
         let dir = tempfile::tempdir().expect("tempdir");
         let client = Client::new("http://127.0.0.1:9", "token").expect("a client");
-        let stop = AtomicBool::new(false);
+        let stop = AtomicBool::new(true);
         for (limit, wait) in [
             (0, Duration::ZERO),
             (MAX_LIMIT + 1, Duration::ZERO),
