@@ -219,21 +219,34 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("/openapi.json", "get", &["200"]),
 ];
 
+/// The service's OpenAPI document, as `GET /openapi.json` answers it.
+async fn openapi_document() -> Value {
+    let app = TestApp::new(TestDb::sqlite());
+    let service = app.service().await;
+    send(&service, TestRequest::get().uri("/openapi.json"))
+        .await
+        .body
+}
+
+/// The parameter `name` of the operation `method` on `path`.
+fn parameter(doc: &Value, path: &str, method: &str, name: &str) -> Value {
+    doc["paths"][path][method]["parameters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{method} {path} has no parameter `{name}`"))
+}
+
 /// The document's pattern for `Idempotency-Key` accepts exactly what the
 /// service's parser accepts: the same strings fed to both.
 #[actix_web::test]
 async fn the_openapi_key_pattern_is_the_parser() {
-    let app = TestApp::new(TestDb::sqlite());
-    let service = app.service().await;
-    let doc = send(&service, TestRequest::get().uri("/openapi.json"))
-        .await
-        .body;
-    let pattern = doc["paths"]["/v1/plans"]["post"]["parameters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "Idempotency-Key")
-        .and_then(|p| p["schema"]["pattern"].as_str())
+    let doc = openapi_document().await;
+    let key = parameter(&doc, "/v1/plans", "post", "Idempotency-Key");
+    let pattern = key["schema"]["pattern"]
+        .as_str()
         .expect("the key's pattern");
     let pattern = regex::Regex::new(pattern).expect("a regular expression");
     let mut keys: Vec<String> = [
@@ -291,21 +304,9 @@ async fn the_openapi_key_pattern_is_the_parser() {
 #[actix_web::test]
 async fn the_openapi_feed_bounds_are_the_wire_bounds() {
     use plan_intake_wire::feed::{DEFAULT_LIMIT, MAX_LIMIT, MAX_WAIT};
-    let app = TestApp::new(TestDb::sqlite());
-    let service = app.service().await;
-    let doc = send(&service, TestRequest::get().uri("/openapi.json"))
-        .await
-        .body;
-    let param = |name: &str| {
-        doc["paths"]["/v1/receipts"]["get"]["parameters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"] == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("the feed's `{name}` parameter"))
-    };
-    let (limit, wait) = (param("limit"), param("wait"));
+    let doc = openapi_document().await;
+    let limit = parameter(&doc, "/v1/receipts", "get", "limit");
+    let wait = parameter(&doc, "/v1/receipts", "get", "wait");
     assert_eq!(limit["schema"]["minimum"].as_f64(), Some(1.0));
     assert_eq!(
         limit["schema"]["maximum"].as_f64(),
