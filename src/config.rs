@@ -1,6 +1,6 @@
-//! The HTTP settings and the service's defaults, each written once;
-//! `commands::serve` fills them from flags and environment. Uses no other
-//! room.
+//! The HTTP settings and the service's defaults, each written once, and
+//! the parsers of the flags that take them (`serve::ServeSettings` is
+//! filled from flags and environment). Uses no other room.
 
 use std::time::Duration;
 

@@ -25,7 +25,7 @@ use crate::intake::signing::SigningKey;
 use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
 use crate::storage::pg_batch::{DEFAULT_PG_BATCH, MAX_PG_BATCH};
-use crate::storage::{Backend, Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
+use crate::storage::{Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
 
 /// `serve`'s settings: one typed struct, filled by clap from flags and
 /// environment, each default written once (here from `config`, `storage`
@@ -110,7 +110,7 @@ pub struct ServeSettings {
 
 impl ServeSettings {
     /// The pool the service runs on, behind `pg_pooler`.
-    pub fn pool(&self, pg_pooler: PgPooler) -> PoolOptions {
+    fn pool(&self, pg_pooler: PgPooler) -> PoolOptions {
         PoolOptions {
             max_size: self.pool_size,
             checkout_timeout: Duration::from_millis(self.checkout_timeout_ms),
@@ -124,7 +124,7 @@ impl ServeSettings {
     }
 
     /// The door's settings.
-    pub fn http(&self) -> HttpConfig {
+    fn http(&self) -> HttpConfig {
         HttpConfig {
             body_limit: self.body_limit,
             request_timeout: Duration::from_millis(self.request_timeout_ms),
@@ -136,7 +136,7 @@ impl ServeSettings {
     }
 
     /// How a transiently failed write is retried.
-    pub fn retry(&self) -> RetryPolicy {
+    fn retry(&self) -> RetryPolicy {
         RetryPolicy {
             max_attempts: self.retry_attempts,
             base_delay: Duration::from_millis(self.retry_base_delay_ms),
@@ -192,14 +192,6 @@ pub fn run(
         bind = %config.bind,
         "plan-intake starting"
     );
-    if db.backend == Backend::Postgres
-        && pg_pooler == PgPooler::Transaction
-        && config.feed_listen_url.is_none()
-    {
-        tracing::info!(
-            "no --feed-listen-url: waiting feed readers wake on this instance's writes, and re-read every half second for other instances'"
-        );
-    }
     let http_config = config.http();
     let mut intake = Intake::new(db, config.retry(), Metrics::new());
     let at_start_deadline = Deadline::after(http_config.request_timeout);
@@ -414,7 +406,7 @@ fn server(config: &ServeSettings, state: AppState) -> Result<Server, ServeError>
     // Told when a graceful stop begins: each connection then ends once its
     // request in flight is answered, an idle one at once.
     let stopping = builder.graceful_shutdown_signal();
-    let http = config.http();
+    let http = state.http.clone();
     for listener in listeners(&config.bind).map_err(bind_error)? {
         let addr = listener.local_addr().map_err(bind_error)?;
         tracing::info!(%addr, "listening");

@@ -87,3 +87,35 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::FollowArgs;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        follow: FollowArgs,
+    }
+
+    fn wait_of(args: &[&str]) -> u64 {
+        let line = ["follow", "--cursor-file", "c"].iter().chain(args);
+        Line::try_parse_from(line)
+            .expect("a command line")
+            .follow
+            .wait_secs
+    }
+
+    /// `--drain` polls without waiting unless told to wait; otherwise the
+    /// client's default wait.
+    #[test]
+    fn drain_waits_zero_unless_told() {
+        let default = plan_intake_client::FollowOptions::DEFAULT_WAIT.as_secs();
+        assert_eq!(wait_of(&[]), default);
+        assert_eq!(wait_of(&["--drain"]), 0);
+        assert_eq!(wait_of(&["--drain", "--wait-secs", "5"]), 5);
+        assert_eq!(wait_of(&["--wait-secs", "7"]), 7);
+    }
+}

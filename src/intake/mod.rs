@@ -384,8 +384,8 @@ impl Intake {
     /// Records that this instance's key signs now (`GET /v1/signing-keys`
     /// tells when each key was in use).
     pub fn record_key_use(&self, deadline: &Deadline) -> Result<(), ReadError> {
-        match self.signing.clone() {
-            Some(key) => self.publish_key(&key, true, deadline),
+        match self.signing_key() {
+            Some(key) => self.publish_key(key, true, deadline),
             None => Ok(()),
         }
     }

@@ -110,10 +110,9 @@ impl Database {
             match (&options.feed_listen_url, options.pg_pooler) {
                 (Some(direct), _) => feed.listen(pool::with_libpq_defaults(direct)),
                 (None, PgPooler::None) => feed.listen(pool::with_libpq_defaults(url)),
-                // No LISTEN through a transaction pooler: readers wake on
-                // this instance's writes and re-read every half second
-                // (`serve` says so at start).
-                (None, PgPooler::Transaction) => {}
+                (None, PgPooler::Transaction) => tracing::info!(
+                    "no direct connection to LISTEN on behind a transaction-mode pooler (feed_listen_url): waiting feed readers wake on this instance's writes, and re-read every half second for other instances'"
+                ),
             }
         }
         let pool = build_pool(manager, options);

@@ -47,7 +47,8 @@ impl std::fmt::Display for FeedCursor {
 
 /// A page of the feed: up to `limit` entries in feed order (receipts, or
 /// whole plans with `expand=plan`) and the cursor after them. On an empty
-/// page `next` is the cursor sent, so a reader polls with it.
+/// page `next` is where the reader stands (the cursor sent; with
+/// `after=now`, the feed's end), so a reader polls with it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FeedPage<Entry> {
     pub receipts: Vec<Entry>,
@@ -70,7 +71,7 @@ mod schema {
         fn schema() -> RefOr<Schema> {
             ObjectBuilder::new()
                 .description(Some(
-                    "A page of the feed: up to `limit` entries in feed order (receipts, or whole plans with `expand=plan`) and the cursor after them. On an empty page `next` is the cursor sent, so a reader polls with it.",
+                    "A page of the feed: up to `limit` entries in feed order (receipts, or whole plans with `expand=plan`) and the cursor after them. On an empty page `next` is where the reader stands (the cursor sent; with `after=now`, the feed's end), so a reader polls with it.",
                 ))
                 .property(
                     "receipts",
