@@ -2,6 +2,7 @@
 //! database: its own SQLite file or its own Postgres schema.
 
 mod access;
+mod batch_horizon;
 mod admission;
 mod answers;
 mod cli;
