@@ -33,7 +33,7 @@ pub async fn signing_keys(
     responses(
         (status = 200, description = "The newest checkpoint of the receipt log: a C2SP tlog-checkpoint signed note (origin, size, base64 root hash; a blank line; signature lines)", body = String, content_type = "text/plain"),
         (status = 404, description = "No checkpoint signed yet (`not-logged-yet`; the service signs none without a key)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline (a checkpoint is handed out only once a failover would keep it)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn checkpoint(
     req: HttpRequest,

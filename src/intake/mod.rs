@@ -432,16 +432,20 @@ impl Intake {
         })
     }
 
-    /// The newest signed checkpoint's note, if the log has one.
+    /// The newest signed checkpoint's note, if the log has one, once the
+    /// synchronous standby has it: a checkpoint handed out and then lost
+    /// in a failover would look like a fork.
     pub fn checkpoint(&self, deadline: &Deadline) -> Result<Option<String>, ReadError> {
-        Ok(self
+        let found = self
             .db
             .read(deadline, crate::storage::receipt_log::latest_checkpoint)?
-            .map(|c| c.note))
+            .map(|c| c.note);
+        self.replicated(found, deadline)
     }
 
     /// The `tlog-proof` of `receipt_id` in the newest checkpoint, if
     /// `login` may see the receipt: `Some(None)` while it is not in one yet.
+    /// A proof is answered once the synchronous standby has its checkpoint.
     pub fn receipt_proof(
         &self,
         login: &Login,
@@ -458,11 +462,10 @@ impl Intake {
             Ok(())
         })?;
         match answer {
-            Some(Ok((index, proof, checkpoint))) => Ok(Some(Some(receipt_log::proof_text(
-                index,
-                &proof,
-                &checkpoint.note,
-            )))),
+            Some(Ok((index, proof, checkpoint))) => {
+                let text = receipt_log::proof_text(index, &proof, &checkpoint.note);
+                Ok(Some(self.replicated(Some(text), deadline)?))
+            }
             Some(Err(ProofError::NotYet)) => Ok(Some(None)),
             Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
             Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
@@ -472,7 +475,8 @@ impl Intake {
 
     /// The consistency proof from the tree of `old` leaves to the one of
     /// `new`, one base64 hash a line; `None` unless `0 < old <= new <=` the
-    /// newest checkpoint's size.
+    /// newest checkpoint's size. Answered once the synchronous standby has
+    /// the checkpoints it joins.
     pub fn consistency_proof(
         &self,
         old: u64,
@@ -486,7 +490,10 @@ impl Intake {
             Ok(())
         })?;
         match answer {
-            Some(Ok(proof)) => Ok(Some(proof.iter().map(|h| format!("{h}\n")).collect())),
+            Some(Ok(proof)) => {
+                let text = proof.iter().map(|h| format!("{h}\n")).collect();
+                self.replicated(Some(text), deadline)
+            }
             Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
             Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
             _ => Ok(None),

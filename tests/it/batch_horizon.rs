@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use diesel::connection::SimpleConnection;
@@ -15,10 +16,13 @@ use diesel::{Connection, PgConnection, RunQueryDsl};
 use futures_util::future::join_all;
 use plan_intake::intake::signing::SigningKey;
 use plan_intake::intake::{Intake, Permission};
+use plan_intake::storage::{PgPooler, PoolOptions};
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
-use crate::support::{Answer, TestApp, TestDb, get, plan_body, post_plan, scalar, send, wait_until};
+use crate::support::{
+    Answer, AppOptions, TestApp, TestDb, get, plan_body, post_plan, scalar, send, wait_until,
+};
 
 const PLANNER: &[Permission] = &[Permission::PlansSubmit];
 const READER: &[Permission] = &[Permission::ReceiptsRead];
@@ -53,6 +57,26 @@ fn waiting_on_locks(app: &TestApp, schema: &str) -> i64 {
     )
 }
 
+/// How many of the service's sessions wait for a lock `holder` holds.
+fn blocked_by(app: &TestApp, schema: &str, holder: &mut PgConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(holder)
+        .expect("the holder's pid")
+        .pid;
+    scalar(
+        &mut app.conn(),
+        &format!(
+            "SELECT count(*) AS n FROM pg_stat_activity
+              WHERE application_name = '{schema}' AND {pid} = ANY(pg_blocking_pids(pid))"
+        ),
+    )
+}
+
 #[derive(diesel::QueryableByName)]
 struct ReceiptId {
     #[diesel(sql_type = diesel::sql_types::Text)]
@@ -74,7 +98,10 @@ fn table_in_feed_order(app: &TestApp) -> Vec<String> {
 
 /// Every receipt in the log, in leaf order.
 fn log_leaves(app: &TestApp) -> Vec<String> {
-    receipt_ids(app, "SELECT receipt_id FROM receipt_log ORDER BY leaf_index")
+    receipt_ids(
+        app,
+        "SELECT receipt_id FROM receipt_log ORDER BY leaf_index",
+    )
 }
 
 /// The service's write path, signing, so that it keeps a receipt log.
@@ -117,7 +144,10 @@ impl Follower {
         };
         let page = send(service, get(token, &uri)).await;
         assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
-        let receipts = page.body["receipts"].as_array().cloned().unwrap_or_default();
+        let receipts = page.body["receipts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         self.seen.extend(
             receipts
                 .iter()
@@ -297,7 +327,10 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
             .collect();
         for i in 0..rng.random_range(1..=4) {
             let run = format!("run-{round}-{i}");
-            requests.push((format!("new-{round}-{i}"), plan_body(&run, &format!("m{i}"))));
+            requests.push((
+                format!("new-{round}-{i}"),
+                plan_body(&run, &format!("m{i}")),
+            ));
         }
         if rng.random_bool(0.5) {
             let again = requests[requests.len() - 1].clone();
@@ -333,7 +366,8 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
             let mut answers = Vec::new();
             for i in 0..singles {
                 let run = format!("single-{round}-{i}");
-                answers.push(send(&service, post_plan(&planner, &run, &plan_body(&run, "s"))).await);
+                answers
+                    .push(send(&service, post_plan(&planner, &run, &plan_body(&run, "s"))).await);
             }
             for (follower, limit) in followers.iter_mut().zip(&limits) {
                 follower.page(&service, &reader, *limit).await;
@@ -346,9 +380,18 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
             answers
         };
         let (batch, singles) = futures_util::join!(batch, meanwhile);
-        let answered = [StatusCode::CREATED, StatusCode::OK, StatusCode::UNPROCESSABLE_ENTITY];
+        let answered = [
+            StatusCode::CREATED,
+            StatusCode::OK,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ];
         for single in &singles {
-            assert_eq!(single.status, StatusCode::CREATED, "round {round}: {:?}", single.body);
+            assert_eq!(
+                single.status,
+                StatusCode::CREATED,
+                "round {round}: {:?}",
+                single.body
+            );
         }
         for ((key, body), answer) in requests.iter().zip(&batch) {
             assert!(
@@ -361,7 +404,10 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
                 kept.push((
                     key.clone(),
                     value["run_id"].as_str().unwrap_or_default().to_owned(),
-                    value["content"]["marker"].as_str().unwrap_or_default().to_owned(),
+                    value["content"]["marker"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
                     receipt_id(answer),
                 ));
             }
@@ -390,4 +436,108 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
         );
     }
     assert_eq!(log_leaves(&app), table, "the log (seed {seed})");
+}
+
+/// A plan late in a batch waits only for what its own request has left,
+/// with no session limit to fall back on (a transaction-mode pooler sets
+/// none): the batch's first plan waits two seconds of its three for a held
+/// key, then the second meets another held key. It may wait one more
+/// second, not three: the batch ends at the requests' deadline, and the
+/// second plan never lands.
+#[actix_web::test]
+async fn a_plan_late_in_a_batch_waits_only_for_what_its_request_has_left() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    const DEADLINE: Duration = Duration::from_secs(3);
+    let direct_url = scratch.url.clone();
+    let schema = scratch.schema.clone().expect("a Postgres scratch schema");
+    let named_url = scratch.postgres_url_with(&[]);
+    let app = TestApp::with(
+        scratch,
+        AppOptions {
+            url: Some(named_url),
+            request_timeout: DEADLINE,
+            pool: PoolOptions {
+                max_size: 40,
+                pg_pooler: PgPooler::Transaction,
+                ..PoolOptions::default()
+            },
+            ..AppOptions::default()
+        },
+    );
+    let planner = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let mut kept = Vec::new();
+    for run in ["run-a", "run-b"] {
+        let answer = send(&service, post_plan(&planner, run, &plan_body(run, run))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+        kept.push(receipt_id(&answer));
+    }
+    let mut first = hold_keys(&direct_url, &kept[0], &["k-a".to_owned()]);
+    let mut second = hold_keys(&direct_url, &kept[1], &["k-b".to_owned()]);
+
+    app.intake.database().gather_next_batch(2);
+    let started = Instant::now();
+    let batch = join_all([
+        send(
+            &service,
+            post_plan(&planner, "k-a", &plan_body("run-a", "run-a")),
+        ),
+        send(
+            &service,
+            post_plan(&planner, "k-b", &plan_body("run-b", "run-b")),
+        ),
+    ]);
+    let meanwhile = async {
+        wait_until("the batch's first plan waits for its key", || {
+            blocked_by(&app, &schema, &mut first) > 0
+        })
+        .await;
+        // Not synchronization: the first plan spends two thirds of its
+        // budget waiting.
+        actix_web::rt::time::sleep(DEADLINE * 2 / 3).await;
+        first
+            .batch_execute("ROLLBACK")
+            .expect("let the first key go");
+        wait_until("the batch's second plan waits for its key", || {
+            blocked_by(&app, &schema, &mut second) > 0
+        })
+        .await;
+    };
+    let (answers, ()) = futures_util::join!(batch, meanwhile);
+    // Both requests are answered (at their deadline at the latest); the
+    // second key is still held. Nothing of the service may wait for it
+    // past the deadline: a plan's wait is bounded by its own budget.
+    let released = loop {
+        if blocked_by(&app, &schema, &mut second) == 0 {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < DEADLINE + Duration::from_secs(1),
+            "the batch's second plan still waits for a lock {:?} after its request came, past its deadline of {DEADLINE:?}",
+            started.elapsed()
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    second
+        .batch_execute("ROLLBACK")
+        .expect("let the second key go");
+    eprintln!("the batch's last wait ended {released:?} after its requests came");
+    // The failed batch is written again plan by plan: the first may still
+    // land within its deadline, the second meets its held key again.
+    if answers[0].status == StatusCode::OK {
+        assert_eq!(answers[0].body["outcome"], "already_received");
+    } else {
+        answers[0].assert_problem(StatusCode::SERVICE_UNAVAILABLE, "timeout");
+    }
+    answers[1].assert_problem(StatusCode::SERVICE_UNAVAILABLE, "timeout");
+    assert_eq!(app.count("plans"), 2);
+    assert_eq!(
+        scalar(
+            &mut app.conn(),
+            "SELECT count(*) AS n FROM intake_keys WHERE idempotency_key = 'k-b'"
+        ),
+        0
+    );
 }

@@ -25,7 +25,7 @@ on_both_backends_sync!(
 );
 
 /// `signing-keys generate --out DIR/NAME`: the private key's path.
-fn generate_key(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn generate_key(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
     let path = out.to_str().expect("utf-8 path");
     let made = run_cli_at(

@@ -417,9 +417,10 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
 
 /// Behind a transaction-mode PgBouncer too, the service hands out nothing
 /// the synchronous standby has not confirmed: with the standby's receiver
-/// stopped, a replay and a feed page wait for the barrier (whose round
-/// goes through the pooler like every other statement) and answer 503 at
-/// the deadline; once the receiver goes on, both are answered.
+/// stopped, a replay, a feed page, the checkpoint and a receipt's proof
+/// wait for the barrier (whose round goes through the pooler like every
+/// other statement) and answer 503 at the deadline; once the receiver goes
+/// on, all are answered.
 #[test]
 fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
     let Some((primary, standby)) = pair() else {
@@ -436,6 +437,8 @@ fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
     );
     let token = login_via_cli(&direct, "planner-a", "plans:submit");
     let reader = login_via_cli(&direct, "orders", "receipts:read");
+    let keys = tempfile::tempdir().expect("temp dir");
+    let key = crate::evidence::generate_key(keys.path(), "failover");
     let service = ServeProcess::start_with(
         &bouncer.url(),
         &[
@@ -444,14 +447,30 @@ fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
             "transaction",
             "--request-timeout-ms",
             "2000",
+            "--signing-key",
+            key.to_str().expect("utf-8 path"),
         ],
     );
     assert_durability_told(&service, true);
     let agent = client();
     let body = plan_body("behind-pgbouncer", "behind-pgbouncer");
     let answer = |key: &str| post_plan(&agent, &service.addr, &token, key, &body).expect("answer");
-    assert_eq!(answer("k-1").0, 201);
+    let (status, created) = answer("k-1");
+    assert_eq!(status, 201, "{created}");
     assert_eq!(answer("k-1").0, 200, "a replay with the standby streaming");
+    let proof_path = format!(
+        "/v1/receipts/{}/proof",
+        created["receipt_id"].as_str().expect("a receipt id")
+    );
+    let logged = Instant::now();
+    while get(&agent, &service.addr, &reader, &proof_path).0 != 200 {
+        assert!(
+            logged.elapsed() < Duration::from_secs(20),
+            "the receipt never joined the log"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get(&agent, &service.addr, &reader, "/v1/checkpoint").0, 200);
 
     let receiver = standby.pause_wal_receiver();
     let (status, replay) = answer("k-1");
@@ -464,12 +483,22 @@ fn behind_pgbouncer_a_replay_still_waits_for_the_standby() {
         status, 503,
         "a feed page was answered without the standby's word: {page}"
     );
+    for path in ["/v1/checkpoint", proof_path.as_str()] {
+        let (status, _) = get(&agent, &service.addr, &reader, path);
+        assert_eq!(
+            status, 503,
+            "{path} was answered without the standby's word"
+        );
+    }
 
     drop(receiver);
     let (status, replay) = answer("k-1");
     assert_eq!(status, 200, "{replay}");
     let (status, page) = get(&agent, &service.addr, &reader, "/v1/receipts?limit=10");
     assert_eq!(status, 200, "{page}");
+    for path in ["/v1/checkpoint", proof_path.as_str()] {
+        assert_eq!(get(&agent, &service.addr, &reader, path).0, 200, "{path}");
+    }
 }
 
 /// One failed barrier round strands nobody: with the synchronous standby's

@@ -2,9 +2,9 @@
 //! database: its own SQLite file or its own Postgres schema.
 
 mod access;
-mod batch_horizon;
 mod admission;
 mod answers;
+mod batch_horizon;
 mod cli;
 mod crash;
 mod dba;
