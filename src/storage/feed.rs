@@ -39,13 +39,25 @@ pub struct Horizon {
 }
 
 /// Postgres: the lowest position a plan still being written can take (see
-/// `plan_intake_feed_horizon`, migration `…_feed_positions_by_cluster`).
-/// Only writers of `plans` count, so unrelated transactions anywhere in the
-/// cluster (other databases, idle sessions, batch jobs) hold nothing back.
-/// It must be read in a statement of its own, before the page: a writer
-/// that left pg_locks by then has committed and is visible to the page's
-/// newer snapshot, so no late commit is ever skipped. SQLite commits one
-/// writer at a time in id order: every committed plan is settled.
+/// `plan_intake_feed_horizon`, migrations `…_feed_positions_by_cluster`
+/// and `…_plan_intake_write_holds_the_horizon`).
+///
+/// The invariant it rests on: **every transaction that writes a plan holds
+/// a `RowExclusiveLock` on this database's `plans` from before it is given
+/// a transaction id until its commit is visible.** `plan_intake_write`
+/// makes it true for every call, alone or in a batch: it takes that lock
+/// itself before its first write, in the block whose locks pass to the
+/// transaction (an INSERT's own lock is released with its subtransaction
+/// when it meets a unique violation, while the id stays). So a writer
+/// with a lower id is either still in pg_locks, holding the horizon below
+/// its rows, or has committed; and it must be read in a statement of its
+/// own, before the page: a writer that left pg_locks by then is visible to
+/// the page's newer snapshot, so no late commit is ever skipped. Only
+/// writers of `plans` count, so unrelated transactions anywhere in the
+/// cluster (other databases, idle sessions, batch jobs) hold nothing back;
+/// a plan inserted around the service by a transaction that had an id
+/// before it touched `plans` is not covered. SQLite commits one writer at
+/// a time in id order: every committed plan is settled.
 pub fn feed_horizon(conn: &mut DbConn) -> QueryResult<Horizon> {
     #[derive(QueryableByName)]
     struct Found {
