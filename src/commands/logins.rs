@@ -23,14 +23,20 @@ pub enum LoginsAction {
     List,
     /// Revoke a login's token at once
     Revoke { name: String },
-    /// Issue a new token for a login (prints only the token); the old one
-    /// keeps working for the grace period. Keys and receipts stay the login's.
+    /// Issue a new token for an active login (prints only the token); the
+    /// token it replaces keeps working for the grace period. A rotation
+    /// during an earlier one's grace period ends that grace at once: only
+    /// the token just replaced keeps working. A revoked login is refused
+    /// (see `reinstate`). Keys and receipts stay the login's.
     Rotate {
         name: String,
-        /// How long the old token keeps working, e.g. 24h, 30m, 0s
+        /// How long the replaced token keeps working, e.g. 24h, 30m, 0s
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         grace: Duration,
     },
+    /// Bring a revoked login back on purpose, under a new token only (prints
+    /// only the token); no token it had before works again
+    Reinstate { name: String },
 }
 
 pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> {
@@ -55,10 +61,15 @@ pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> 
             eprintln!("created login `{name}`; the token above is shown only once");
         }
         LoginsAction::List => {
+            let now = plan_intake::clock::now_micros();
             for login in logins::list(&mut conn)? {
-                let state = match login.revoked_at {
-                    Some(at) => format!("revoked {}", format_timestamp(&at)),
-                    None => "active".to_owned(),
+                let state = match (login.revoked_at, login.previous_token_expires_at) {
+                    (Some(at), _) => format!("revoked {}", format_timestamp(&at)),
+                    (None, Some(until)) if until > now => format!(
+                        "active; the replaced token works until {}",
+                        format_timestamp(&until)
+                    ),
+                    (None, _) => "active".to_owned(),
                 };
                 say!(
                     "{}\t{}\tcreated {}\t{state}",
@@ -76,9 +87,23 @@ pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> 
             logins::rotate_handed_over(&mut conn, &name, grace, |token| {
                 plan_intake::stdout::line(token)
             })?;
+            if grace.is_zero() {
+                eprintln!(
+                    "new token for login `{name}`, shown only once; the replaced one no longer works"
+                );
+            } else {
+                eprintln!(
+                    "new token for login `{name}`, shown only once; the replaced one works for {} more",
+                    humantime::format_duration(grace)
+                );
+            }
+        }
+        LoginsAction::Reinstate { name } => {
+            logins::reinstate_handed_over(&mut conn, &name, |token| {
+                plan_intake::stdout::line(token)
+            })?;
             eprintln!(
-                "new token for login `{name}`, shown only once; the previous one works for {} more",
-                humantime::format_duration(grace)
+                "login `{name}` is active again under the token above, shown only once; no earlier token works"
             );
         }
     }

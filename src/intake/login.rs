@@ -105,6 +105,12 @@ pub enum LoginError {
     Exists(String),
     #[error("no login named `{0}` (or it is already revoked)")]
     NotFound(String),
+    #[error(
+        "login `{0}` is revoked, and a rotation never lets a revoked login in again; to bring it back on purpose, with a new token only: plan-intake logins reinstate {0}"
+    )]
+    Revoked(String),
+    #[error("no revoked login named `{0}` (only a revoked login is reinstated)")]
+    NotRevoked(String),
     /// A stored login whose permissions cannot be read back: never the caller's fault.
     #[error("login `{name}` has unreadable permissions")]
     Corrupt {
@@ -442,10 +448,12 @@ pub fn revoke(conn: &mut DbConn, name: &str) -> Result<(), LoginError> {
     }
 }
 
-/// Issues a new token for the login `name` and returns it. Its current
-/// token keeps working for `grace` (zero: not at all), or until the login is
-/// revoked. A revoked login is active again under the new token only; no
-/// token it had before comes back. Keys and receipts stay the login's.
+/// Issues a new token for the active login `name` and returns it. Its
+/// current token keeps working for `grace` (zero: not at all), or until the
+/// login is revoked; a token still in the grace of an earlier rotation
+/// stops at once (only the token just replaced is kept). A revoked login is
+/// refused ([`LoginError::Revoked`]): only [`reinstate`] brings one back.
+/// Keys and receipts stay the login's.
 pub fn rotate(conn: &mut DbConn, name: &str, grace: Duration) -> Result<String, LoginError> {
     rotate_handed_over(conn, name, grace, |_| Ok(()))
 }
@@ -467,7 +475,30 @@ pub fn rotate_handed_over(
     let token = new_token();
     crate::storage::in_transaction(conn, |conn| {
         if !repo::rotate(conn, name, &token_hash(&token), until)? {
-            return Err(LoginError::NotFound(name.to_owned()));
+            return Err(if repo::is_revoked(conn, name)? {
+                LoginError::Revoked(name.to_owned())
+            } else {
+                LoginError::NotFound(name.to_owned())
+            });
+        }
+        hand_over(&token).map_err(LoginError::NotHandedOver)
+    })?;
+    Ok(token)
+}
+
+/// Makes the revoked login `name` active again, on purpose, under a new
+/// token handed to `hand_over` before the change is committed; no token it
+/// had before works again. The one way back for a revoked login.
+pub fn reinstate_handed_over(
+    conn: &mut DbConn,
+    name: &str,
+    hand_over: impl FnOnce(&str) -> std::io::Result<()>,
+) -> Result<String, LoginError> {
+    repo::require_admin(conn)?;
+    let token = new_token();
+    crate::storage::in_transaction(conn, |conn| {
+        if !repo::reinstate(conn, name, &token_hash(&token))? {
+            return Err(LoginError::NotRevoked(name.to_owned()));
         }
         hand_over(&token).map_err(LoginError::NotHandedOver)
     })?;

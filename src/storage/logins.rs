@@ -87,37 +87,54 @@ pub(super) fn may_submit(row: &LoginRow) -> bool {
         .is_ok_and(|names| names.iter().any(|n| n == "plans:submit"))
 }
 
-/// Gives the login a new token hash. The current one stays valid until
-/// `previous_valid_until` unless the login was revoked, in which case no old
-/// token comes back and the login is active again. False: no such login.
+/// Gives the active login `name` the token hashed `new_token_hash`; its
+/// current token stays valid until `previous_valid_until` (a previous
+/// token still in its grace period is replaced: only the token just
+/// replaced is kept). Returns false when no active login has that name: a
+/// revoked login is never made active by a rotation.
 pub fn rotate(
     conn: &mut DbConn,
     name: &str,
     new_token_hash: &str,
     previous_valid_until: NaiveDateTime,
 ) -> QueryResult<bool> {
-    use diesel::dsl::case_when;
-    use diesel::sql_types::{Nullable, Text, Timestamp};
-    let previous_hash = case_when::<_, _, Nullable<Text>>(
-        logins::revoked_at.is_null(),
-        logins::token_hash.nullable(),
-    )
-    .otherwise(None::<String>.into_sql::<Nullable<Text>>());
-    let previous_until = case_when::<_, _, Nullable<Timestamp>>(
-        logins::revoked_at.is_null(),
-        previous_valid_until.into_sql::<Timestamp>().nullable(),
-    )
-    .otherwise(None::<NaiveDateTime>.into_sql::<Nullable<Timestamp>>());
     with_conn!(conn, c => diesel::update(logins::table)
         .filter(logins::name.eq(name))
+        .filter(logins::revoked_at.is_null())
         .set((
-            logins::previous_token_hash.eq(previous_hash),
-            logins::previous_token_expires_at.eq(previous_until),
+            logins::previous_token_hash.eq(logins::token_hash.nullable()),
+            logins::previous_token_expires_at.eq(Some(previous_valid_until)),
+            logins::token_hash.eq(new_token_hash),
+        ))
+        .execute(c))
+    .map(|rows| rows == 1)
+}
+
+/// Makes the revoked login `name` active again under the token hashed
+/// `new_token_hash` only (no token it had before works again). Returns
+/// false when no revoked login has that name.
+pub fn reinstate(conn: &mut DbConn, name: &str, new_token_hash: &str) -> QueryResult<bool> {
+    with_conn!(conn, c => diesel::update(logins::table)
+        .filter(logins::name.eq(name))
+        .filter(logins::revoked_at.is_not_null())
+        .set((
+            logins::previous_token_hash.eq(None::<String>),
+            logins::previous_token_expires_at.eq(None::<NaiveDateTime>),
             logins::token_hash.eq(new_token_hash),
             logins::revoked_at.eq(None::<NaiveDateTime>),
         ))
         .execute(c))
     .map(|rows| rows == 1)
+}
+
+/// Whether a login named `name` exists and is revoked.
+pub fn is_revoked(conn: &mut DbConn, name: &str) -> QueryResult<bool> {
+    let revoked: Option<Option<NaiveDateTime>> = with_conn!(conn, c => logins::table
+        .filter(logins::name.eq(name))
+        .select(logins::revoked_at)
+        .get_result(c)
+        .optional())?;
+    Ok(matches!(revoked, Some(Some(_))))
 }
 
 pub fn list(conn: &mut DbConn) -> QueryResult<Vec<LoginRow>> {

@@ -107,8 +107,10 @@ fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
 }
 
 /// A token rotates without changing the login: the old one works through
-/// its grace period, a zero grace ends it at once, a revoke ends both, and
-/// rotating a revoked login brings it back under the new token only.
+/// its grace period (and `logins list` says until when), a zero grace ends
+/// it at once, a revoke ends both; a revoked login is never rotated back
+/// in (refused in one line that names `logins reinstate`, nothing
+/// changed), and `logins reinstate` brings it back under a new token only.
 fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
     let token = |out: std::process::Output| {
         assert!(
@@ -142,6 +144,12 @@ fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
         "the old token in its grace period"
     );
     assert_eq!(who(&second).as_deref(), Some("planner-a"));
+    let listed = plan_intake(&db, &["logins", "list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("active; the replaced token works until "),
+        "{listed}"
+    );
 
     let third = token(plan_intake(
         &db,
@@ -165,9 +173,28 @@ fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
             .success()
     );
     assert_eq!(who(&third), None);
-    let fourth = token(plan_intake(&db, &["logins", "rotate", "planner-a"]));
+    let refused = plan_intake(&db, &["logins", "rotate", "planner-a"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(refused.stdout.is_empty(), "no token for a revoked login");
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+    assert!(
+        said.contains("revoked") && said.contains("plan-intake logins reinstate planner-a"),
+        "{said}"
+    );
+    let listed = plan_intake(&db, &["logins", "list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("\trevoked ") && !listed.contains("active"),
+        "still revoked: {listed}"
+    );
+    assert_eq!(who(&third), None, "a revoked token never comes back");
+
+    let fourth = token(plan_intake(&db, &["logins", "reinstate", "planner-a"]));
     assert_eq!(who(&fourth).as_deref(), Some("planner-a"));
     assert_eq!(who(&third), None, "a revoked token never comes back");
+    let again = plan_intake(&db, &["logins", "reinstate", "planner-a"]);
+    assert_eq!(again.status.code(), Some(1), "only a revoked login is reinstated");
 
     let unknown = plan_intake(&db, &["logins", "rotate", "nobody"]);
     assert!(!unknown.status.success());

@@ -162,6 +162,7 @@ fn the_service_runs_as_a_role_that_may_only_read_and_write_rows() {
         &["logins", "add", "x", "--permission", "plans:submit"][..],
         &["logins", "revoke", "planner-a"][..],
         &["logins", "rotate", "planner-a"][..],
+        &["logins", "reinstate", "planner-a"][..],
         &["migrate", "revert"][..],
     ] {
         let refused = run_cli_at(&as_service, args);
