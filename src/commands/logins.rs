@@ -6,7 +6,7 @@ use clap::Subcommand;
 use plan_intake::intake::Permission;
 use plan_intake::intake::login as logins;
 use plan_intake::intake::receipt::format_timestamp;
-use plan_intake::storage::{MigrateOnOpen, PgPooler};
+use plan_intake::storage::MigrateOnOpen;
 
 use super::{CommandError, DatabaseArgs, open_single, say};
 
@@ -40,12 +40,10 @@ pub enum LoginsAction {
 }
 
 pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> {
-    // Logins live in the migrated schema; a fresh database is made ready
-    // first (directly; through a transaction pooler it must be migrated).
-    let migrate = match db.pg_pooler {
-        PgPooler::None => MigrateOnOpen::Apply,
-        PgPooler::Transaction => MigrateOnOpen::RequireNonePending,
-    };
+    // Logins live in the migrated schema, which only `migrate run` (or
+    // `serve`) makes: a login added to a database no service reads (a
+    // typo's new file) would be a token that works nowhere.
+    let migrate = MigrateOnOpen::RequireNonePending;
     // Input is checked before anything is opened: a refused command
     // creates no database file.
     if let LoginsAction::Add { name, .. } = &action {

@@ -38,7 +38,12 @@ pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
     if matches!(action, MigrateAction::Run | MigrateAction::Revert { .. }) {
         migrations::refuse_through_pooler(db.pg_pooler)?;
     }
-    let mut conn = open_single(db, MigrateOnOpen::Skip)?;
+    // Only `migrate run` creates a SQLite file that is not there.
+    let open = match action {
+        MigrateAction::Run => MigrateOnOpen::Create,
+        _ => MigrateOnOpen::Skip,
+    };
+    let mut conn = open_single(db, open)?;
     let conn: &mut DbConn = &mut conn;
     match action {
         MigrateAction::Run => {

@@ -71,6 +71,11 @@ impl CommandError {
             | Self::Login(LoginError::Storage(StorageError::NeedsOwner { .. })) => {
                 " (the service's own role needs only the grants `plan-intake migrate grants ROLE` prints)"
             }
+            Self::Serve(ServeError::Storage(StorageError::PendingMigrations(_)))
+            | Self::Storage(StorageError::PendingMigrations(_))
+            | Self::Login(LoginError::Storage(StorageError::PendingMigrations(_))) => {
+                " (apply them first: `plan-intake migrate run` as the database's owner)"
+            }
             Self::Serve(ServeError::Storage(StorageError::MigratingThroughPooler)) => {
                 " (migrate with `plan-intake migrate run` over a URL that reaches Postgres directly, and start the service with --no-migrate)"
             }

@@ -60,6 +60,17 @@ pub enum KeyError {
     Malformed(String),
     #[error("not a signed-note verifier key (name+id+key): {0}")]
     MalformedPublic(String),
+    /// A private key given where public ones belong: refused without
+    /// repeating any of it.
+    #[error(
+        "key {0} of the file is a private key (PRIVATE+KEY+…), not a public one: give the public keys instead, the `.pub` file `signing-keys generate` wrote beside it or what GET /v1/signing-keys answers (keep the private file to the service)"
+    )]
+    PrivateWherePublic(usize),
+    /// A public key given where the private one belongs.
+    #[error(
+        "this is a public (verifier) key, not the private one: give the file `signing-keys generate` wrote without `.pub`"
+    )]
+    PublicWherePrivate,
     #[error("{0} is not a valid key name (no spaces or `+`)")]
     BadName(String),
 }
@@ -88,6 +99,9 @@ impl SigningKey {
     /// whitespace ignored.
     pub fn from_private(text: &str) -> Result<Self, KeyError> {
         let text = text.trim();
+        if !text.starts_with("PRIVATE+KEY+") && StandardVerifier::new(text).is_ok() {
+            return Err(KeyError::PublicWherePrivate);
+        }
         let signer = StandardSigner::new(text).map_err(|e| KeyError::Malformed(e.to_string()))?;
         // PRIVATE+KEY+name+id+key: the key is base64, which may hold `+`.
         let seed = text
@@ -189,9 +203,14 @@ impl TrustedKeys {
                 .collect(),
         };
         let mut keys = Vec::new();
-        for vkey in vkeys {
+        for (line, vkey) in vkeys.into_iter().enumerate() {
+            // Never repeat what was given: it may be a secret given by
+            // mistake (a private key, a token), and errors end up in logs.
+            if vkey.contains("PRIVATE+KEY") {
+                return Err(KeyError::PrivateWherePublic(line + 1));
+            }
             let verifier = StandardVerifier::new(&vkey)
-                .map_err(|e| KeyError::MalformedPublic(format!("{e}: {vkey}")))?;
+                .map_err(|e| KeyError::MalformedPublic(format!("key {}: {e}", line + 1)))?;
             keys.push((
                 format!("{}+{:08x}", verifier.name(), verifier.key_id()),
                 vkey,

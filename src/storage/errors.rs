@@ -36,6 +36,12 @@ pub enum StorageError {
     DeadlineExceeded(&'static str),
     #[error("migrations are pending: {}", .0.join(", "))]
     PendingMigrations(Vec<String>),
+    /// A SQLite file that does not exist, asked of a command that does not
+    /// create databases.
+    #[error(
+        "no SQLite database at {0}: nothing was created (`plan-intake migrate run` creates and migrates one; only it and `serve` create a database)"
+    )]
+    NoDatabase(String),
     /// A migration could not be applied, reverted or read.
     #[error("migration failed while {step}")]
     Migration {

@@ -66,6 +66,12 @@ impl Database {
     ) -> Result<Self, StorageError> {
         let target = DatabaseTarget::parse(url)?;
         let backend = target.backend();
+        if let DatabaseTarget::Sqlite(path) = &target
+            && !matches!(migrate, MigrateOnOpen::Apply | MigrateOnOpen::Create)
+            && !std::path::Path::new(path).exists()
+        {
+            return Err(StorageError::NoDatabase(path.clone()));
+        }
         if migrate == MigrateOnOpen::Apply {
             migrations::refuse_through_pooler(options.pg_pooler)?;
         }
@@ -85,7 +91,7 @@ impl Database {
                     return Err(StorageError::PendingMigrations(pending));
                 }
             }
-            MigrateOnOpen::Skip => {}
+            MigrateOnOpen::Skip | MigrateOnOpen::Create => {}
         }
         // The service (which writes plans; not the command line tools, which
         // may run as a role that only reads) records this cluster's feed
@@ -539,9 +545,20 @@ pub fn is_alive<C: R2D2Connection>(conn: &mut C) -> bool {
     !conn.is_broken() && conn.ping().is_ok()
 }
 
+/// What opening a database does about its migrations. Only `Apply` (the
+/// service) and `Create` (`migrate run`) may create a SQLite file that is
+/// not there: every other command refuses a missing one
+/// ([`StorageError::NoDatabase`]), so a typo never leaves a new database
+/// behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigrateOnOpen {
+    /// Apply every pending migration (creating a missing SQLite file).
     Apply,
+    /// Refuse a database with pending migrations.
     RequireNonePending,
+    /// Leave the migrations alone.
     Skip,
+    /// Leave the migrations alone, creating a missing SQLite file (for
+    /// `migrate run`, which applies them next).
+    Create,
 }

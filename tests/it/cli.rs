@@ -8,7 +8,18 @@ use crate::support::TestDb;
 
 use crate::support::process::{BIN, run_cli as plan_intake};
 
+/// `migrate run`, as an operator does before the first login.
+fn migrated(db: &TestDb) {
+    let out = plan_intake(db, &["migrate", "run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn logins_add_prints_only_the_token_and_stores_only_its_hash(db: TestDb) {
+    migrated(&db);
     let out = plan_intake(
         &db,
         &["logins", "add", "planner-a", "--permission", "plans:submit"],
@@ -83,11 +94,17 @@ fn bad_input_is_one_line_and_a_non_zero_exit(db: TestDb) {
 }
 
 fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
+    if let Some(path) = db.url.strip_prefix("sqlite://") {
+        // An empty file is a SQLite database with every migration pending.
+        std::fs::File::create(path).expect("an empty database file");
+    }
     let out = plan_intake(&db, &["serve", "--no-migrate", "--bind", "127.0.0.1:0"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("pending") && stderr.contains("2026-11-30-000001_create_logins"),
+        stderr.contains("pending")
+            && stderr.contains("2026-11-30-000001_create_logins")
+            && stderr.contains("`plan-intake migrate run`"),
         "{stderr}"
     );
 
@@ -123,6 +140,7 @@ fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
             .trim()
             .to_owned()
     };
+    migrated(&db);
     let first = token(plan_intake(
         &db,
         &["logins", "add", "planner-a", "--permission", "plans:submit"],
@@ -194,7 +212,11 @@ fn logins_rotate_keeps_the_identity_and_honours_the_grace_period(db: TestDb) {
     assert_eq!(who(&fourth).as_deref(), Some("planner-a"));
     assert_eq!(who(&third), None, "a revoked token never comes back");
     let again = plan_intake(&db, &["logins", "reinstate", "planner-a"]);
-    assert_eq!(again.status.code(), Some(1), "only a revoked login is reinstated");
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "only a revoked login is reinstated"
+    );
 
     let unknown = plan_intake(&db, &["logins", "rotate", "nobody"]);
     assert!(!unknown.status.success());
@@ -405,4 +427,59 @@ fn configuration_table(guide: &str) -> Vec<HelpOption> {
                 .then_some(HelpOption { flag, env, default })
         })
         .collect()
+}
+
+/// No database by accident: against a SQLite file that does not exist
+/// (a typo), every command but `migrate run` (and `serve`) exits non-zero
+/// with one line naming the path and `migrate run`, and creates nothing;
+/// `migrate run` creates and migrates it.
+#[test]
+fn only_migrate_run_and_serve_create_a_database() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let typo = dir.path().join("plan-intke.db");
+    let url = format!("sqlite://{}", typo.display());
+    let key = crate::evidence::generate_key(dir.path(), "k");
+    let keys = format!("{}.pub", key.display());
+    let keys = keys.as_str();
+    for args in [
+        &["logins", "list"][..],
+        &["logins", "add", "x", "--permission", "plans:submit"][..],
+        &["logins", "revoke", "x"][..],
+        &["migrate", "status"][..],
+        &["migrate", "print"][..],
+        &["migrate", "revert"][..],
+        &["verify"][..],
+        &["keys", "prune", "--older-than", "30d"][..],
+        &["audit", "--keys", keys][..],
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .expect("run plan-intake");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(
+            said.contains(&typo.display().to_string()) && said.contains("plan-intake migrate run"),
+            "{args:?}: {said}"
+        );
+        assert_eq!(said.trim().lines().count(), 1, "{args:?}: {said}");
+        assert!(!typo.exists(), "{args:?} created {}", typo.display());
+    }
+    let created = Command::new(BIN)
+        .args(["migrate", "run"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("run plan-intake");
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let listed = Command::new(BIN)
+        .args(["logins", "list"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("run plan-intake");
+    assert!(listed.status.success() && typo.exists());
 }

@@ -25,8 +25,11 @@ pub fn run_cli_at(url: &str, args: &[&str]) -> std::process::Output {
         .expect("run plan-intake")
 }
 
-/// `plan-intake logins add NAME --permission P` against `url`: the token.
+/// `plan-intake migrate run` (a no-op once nothing is pending; its failure
+/// shows in the next step), then `plan-intake logins add NAME --permission
+/// P` against `url`, as an operator does: the token.
 pub fn login_via_cli(url: &str, name: &str, permission: &str) -> String {
+    run_cli_at(url, &["migrate", "run"]);
     let out = run_cli_at(url, &["logins", "add", name, "--permission", permission]);
     assert!(
         out.status.success(),
