@@ -483,3 +483,41 @@ fn only_migrate_run_and_serve_create_a_database() {
         .expect("run plan-intake");
     assert!(listed.status.success() && typo.exists());
 }
+
+/// Secrets are never echoed: a private key given where public ones belong
+/// (`receipts verify --keys`, `audit --keys`: both files are
+/// `receipts.key*`) is refused as a private key, naming what to give
+/// instead, without a character of it; a public key given to `serve
+/// --signing-key` is named as one.
+#[test]
+fn a_key_in_the_wrong_place_is_named_never_printed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let private = crate::evidence::generate_key(dir.path(), "receipts.key");
+    let secret = std::fs::read_to_string(&private).expect("the private key");
+    let secret_part = secret.trim().rsplit('+').next().expect("the key's base64");
+    let receipt = dir.path().join("r.json");
+    std::fs::write(&receipt, "{}").expect("a receipt file");
+    let db = TestDb::sqlite();
+    let private = private.to_str().expect("utf-8 path");
+    for args in [
+        &["receipts", "verify", receipt.to_str().expect("utf-8"), "--keys", private][..],
+        &["audit", "--keys", private][..],
+    ] {
+        let out = plan_intake(&db, args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(
+            said.contains("is a private key") && said.contains(".pub"),
+            "{args:?}: {said}"
+        );
+        for leaked in [secret_part, "PRIVATE+KEY+receipts.key"] {
+            assert!(!said.contains(leaked), "{args:?} printed the key: {said}");
+            assert!(!String::from_utf8_lossy(&out.stdout).contains(leaked));
+        }
+    }
+    let public = format!("{private}.pub");
+    let out = plan_intake(&db, &["serve", "--signing-key", &public, "--bind", "127.0.0.1:0"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("public (verifier) key"), "{said}");
+}
