@@ -24,11 +24,12 @@ type FeedPage = feed::FeedPage<FeedEntry>;
 
 /// `GET /v1/receipts?after=CURSOR&limit=N&expand=plan`: every receipt once,
 /// in feed order. `next` is always present; on an empty page it is the
-/// cursor sent, so readers poll with it. `after=now` answers an empty page
-/// whose `next` is the current end of the feed.
+/// cursor sent, so readers poll with it. `after=now` is the current end of
+/// the feed, read like any cursor (`wait` included): what comes after it,
+/// or an empty page whose `next` is the end.
 #[utoipa::path(get, path = "/v1/receipts", tag = "reading",
     params(
-        ("after" = Option<String>, Query, description = "The `next` of the previous page; `now`: start at the current end (an empty page whose `next` is the end); absent: from the start"),
+        ("after" = Option<String>, Query, description = "The `next` of the previous page; `now`: the current end, read like any cursor (with `wait`, the first receipts to come after it; an empty page's `next` is the end); absent: from the start"),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Receipts per page (default 100); with `expand=plan` a page also ends early, with its `next`, once its plans pass the service's page budget (`--feed-page-bytes`, 16 MiB by default; one larger plan is a page of one)"),
         ("wait" = Option<u32>, Query, minimum = 0, maximum = 60, description = "Seconds to wait, with nothing past the cursor, for a receipt to join the feed (default 0): the answer comes as soon as one is visible, else an empty page after this long. Any instance's write wakes the wait."),
         ("expand" = Option<String>, Query, pattern = "^plan$", description = "`plan`: each entry is the whole plan (`{receipt, approved_inputs, content}`), as `GET /v1/plans/{receipt_id}` answers it"),
@@ -55,21 +56,20 @@ pub async fn list_receipts(
     };
     let limit = feed::parse_limit(query.limit.as_deref()).map_err(ApiError::BadQuery)?;
     let limit = i64::from(limit);
+    let wait = feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let deadline = super::deadline::of(&req, &state);
     let after = match query.after.as_deref() {
+        // The feed's end is a cursor like any other: with `wait`, the answer
+        // is the first receipt to come after it, or an empty page whose
+        // `next` is the end.
         Some(FeedCursor::NOW) => {
-            let end = state
+            state
                 .blocking(deadline, move |intake| intake.feed_end(&deadline))
-                .await?;
-            return Ok(HttpResponse::Ok().json(FeedPage {
-                receipts: Vec::new(),
-                next: end.encode(),
-            }));
+                .await?
         }
         Some(cursor) => Cursor::decode(cursor).map_err(ApiError::BadQuery)?,
         None => Cursor::default(),
     };
-    let wait = feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let (page, room) = read_or_wait(&state, after, limit, expand, wait, deadline).await?;
     let page = FeedPage {
         receipts: page.entries,

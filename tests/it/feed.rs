@@ -359,9 +359,30 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
     assert_eq!(app.metrics().feed_waiting_count(), 0);
 
     for bad in ["wait=61", "wait=-1", "wait=1.5"] {
-        let refused = send(&service, get(&orders, &format!("/v1/receipts?{bad}"))).await;
-        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
+        for after in ["", "after=now&"] {
+            let refused = send(&service, get(&orders, &format!("/v1/receipts?{after}{bad}"))).await;
+            assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{after}{bad}");
+        }
     }
+
+    // The feed's tail long-polls like any cursor: `after=now&wait=S` is
+    // answered with the next receipt once it lands.
+    let waiting = send(&service, get(&orders, "/v1/receipts?after=now&wait=30"));
+    let write = async {
+        crate::support::wait_until("the tail's reader waits", || {
+            metrics.feed_waiting_count() == 1
+        })
+        .await;
+        send(&service, post_plan(&planner, "k2", &plan_body("run-2", "y"))).await
+    };
+    let (page, written) = futures_util::join!(waiting, write);
+    assert_eq!(written.status, StatusCode::CREATED);
+    let receipts = page.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(receipts.len(), 1, "{:?}", page.body);
+    assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
 }
 
 /// A plan written through one instance wakes a reader waiting on another:
