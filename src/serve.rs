@@ -178,6 +178,7 @@ pub fn run(
     pg_pooler: PgPooler,
     config: &ServeSettings,
     signing_keys: Vec<Arc<SigningKey>>,
+    inherited: Vec<TcpListener>,
 ) -> Result<(), ServeError> {
     let migrate = if config.no_migrate {
         MigrateOnOpen::RequireNonePending
@@ -238,7 +239,7 @@ pub fn run(
     }
     let state = AppState::new(intake, http_config);
     actix_web::rt::System::new().block_on(async move {
-        let server = server(config, state.clone())?;
+        let server = server(config, state.clone(), inherited)?;
         actix_web::rt::spawn(keep_readiness_current(state));
         server.await.map_err(ServeError::Server)?;
         tracing::info!("stopped");
@@ -391,7 +392,11 @@ fn keep_checkpoint(file: &std::path::Path, note: &str) -> std::io::Result<()> {
 /// accepting, let the requests in flight finish (up to the shutdown
 /// timeout; idle keep-alive connections are closed at once), then the
 /// server's future ends and the pool is dropped, closing its connections.
-fn server(config: &ServeSettings, state: AppState) -> Result<Server, ServeError> {
+fn server(
+    config: &ServeSettings,
+    state: AppState,
+    inherited: Vec<TcpListener>,
+) -> Result<Server, ServeError> {
     let bind_error = |source| ServeError::Bind {
         bind: config.bind.clone(),
         source,
@@ -407,7 +412,17 @@ fn server(config: &ServeSettings, state: AppState) -> Result<Server, ServeError>
     // request in flight is answered, an idle one at once.
     let stopping = builder.graceful_shutdown_signal();
     let http = state.http.clone();
-    for listener in listeners(&config.bind).map_err(bind_error)? {
+    let listeners = if inherited.is_empty() {
+        listeners(&config.bind).map_err(bind_error)?
+    } else {
+        tracing::info!(
+            sockets = inherited.len(),
+            "listening on the sockets systemd handed over (--bind is not used)"
+        );
+        inherited
+    };
+    for listener in listeners {
+        listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         tracing::info!(%addr, "listening");
         let (state, stopping, http) = (state.clone(), stopping.clone(), http.clone());
@@ -457,8 +472,29 @@ fn server(config: &ServeSettings, state: AppState) -> Result<Server, ServeError>
             .map_err(bind_error)?;
     }
     let server = builder.run();
-    actix_web::rt::spawn(stop_on_signals(signals, server.handle()));
+    actix_web::rt::spawn(stop_on_signals(signals, server.handle(), state));
     Ok(server)
+}
+
+/// The listening sockets systemd handed over (socket activation: the
+/// `LISTEN_FDS` protocol, `plan-intake.socket`), if any. While the service
+/// restarts, the socket stays open in systemd, so connections wait in its
+/// backlog instead of being refused. Call it first, before any thread
+/// starts: it clears the protocol's variables from the environment.
+pub fn inherited_listeners() -> std::io::Result<Vec<TcpListener>> {
+    let mut handed = listenfd::ListenFd::from_env();
+    let mut listeners = Vec::new();
+    for index in 0..handed.len() {
+        match handed.take_tcp_listener(index)? {
+            Some(listener) => listeners.push(listener),
+            None => {
+                return Err(std::io::Error::other(format!(
+                    "socket {index} handed over by systemd is not a TCP listener"
+                )));
+            }
+        }
+    }
+    Ok(listeners)
 }
 
 /// Listening sockets for every address `bind` names (at least one must
@@ -508,8 +544,13 @@ fn stop_signals() -> Vec<(Signal, &'static str, bool)> {
     streams
 }
 
-/// Stops the server at the first of `signals`.
-async fn stop_on_signals(mut signals: Vec<(Signal, &'static str, bool)>, server: ServerHandle) {
+/// Stops the server at the first of `signals`, answering every waiting
+/// long poll at once.
+async fn stop_on_signals(
+    mut signals: Vec<(Signal, &'static str, bool)>,
+    server: ServerHandle,
+    state: AppState,
+) {
     if signals.is_empty() {
         return;
     }
@@ -524,6 +565,7 @@ async fn stop_on_signals(mut signals: Vec<(Signal, &'static str, bool)>, server:
     .await;
     // Told to stop before anything is logged: a log line written to a
     // stderr nobody reads any more must not keep the service running.
+    state.begin_stop();
     let stopped = server.stop(graceful);
     if graceful {
         tracing::info!(signal = name, "stopping: requests in flight may finish");

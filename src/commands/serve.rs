@@ -17,6 +17,12 @@ pub struct ServeArgs {
 
 /// Runs the service with `args` until it is stopped.
 pub fn run(args: ServeArgs) -> Result<(), CommandError> {
+    // First, while this process has one thread: taking the sockets clears
+    // their variables from the environment.
+    let inherited = serve::inherited_listeners().map_err(|source| serve::ServeError::Bind {
+        bind: "the sockets systemd handed over (LISTEN_FDS)".to_owned(),
+        source,
+    })?;
     let ServeArgs { db, settings } = args;
     let signing_keys = settings
         .signing_key_env
@@ -34,5 +40,6 @@ pub fn run(args: ServeArgs) -> Result<(), CommandError> {
         db.pg_pooler,
         &settings,
         signing_keys,
+        inherited,
     )?)
 }

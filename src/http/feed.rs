@@ -98,6 +98,7 @@ async fn read_or_wait(
     const RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
     let until = std::time::Instant::now() + wait;
     let mut changes = state.intake.feed_changes();
+    let mut stopping = state.stopping();
     let metrics = &state.intake.metrics;
     loop {
         changes.borrow_and_update();
@@ -112,12 +113,18 @@ async fn read_or_wait(
             (page, None)
         };
         let left = until.saturating_duration_since(std::time::Instant::now());
-        if !page.entries.is_empty() || left.is_zero() {
+        if !page.entries.is_empty() || left.is_zero() || *stopping.borrow_and_update() {
             return Ok((page, room));
         }
         let _waiting = metrics.feed_reader_waiting();
-        if let Ok(Ok(())) = actix_web::rt::time::timeout(left.min(RECHECK), changes.changed()).await
-        {
+        let woken = async {
+            tokio::select! {
+                changed = changes.changed() => changed.is_ok(),
+                // A stop answers the page in hand (checked above, next turn).
+                _ = stopping.changed() => false,
+            }
+        };
+        if let Ok(true) = actix_web::rt::time::timeout(left.min(RECHECK), woken).await {
             metrics.feed_wakeup();
         }
         deadline = Deadline::after(state.http.request_timeout);

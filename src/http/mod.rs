@@ -35,6 +35,8 @@ pub struct AppState {
     pub intake: Intake,
     pub http: HttpConfig,
     admission: std::sync::Arc<admission::Admission>,
+    /// True once the service stops: long polls answer at once.
+    stopping: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl AppState {
@@ -45,7 +47,20 @@ impl AppState {
             intake,
             http,
             admission,
+            stopping: std::sync::Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// The service stops: every waiting long poll is answered now (the page
+    /// so far: an empty one with the reader's own cursor), so a graceful
+    /// stop waits only for requests that do work.
+    pub fn begin_stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Changes to true when the service stops.
+    pub(crate) fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stopping.subscribe()
     }
 
     /// Runs blocking database work off the async workers (a pool checkout

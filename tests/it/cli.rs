@@ -500,7 +500,13 @@ fn a_key_in_the_wrong_place_is_named_never_printed() {
     let db = TestDb::sqlite();
     let private = private.to_str().expect("utf-8 path");
     for args in [
-        &["receipts", "verify", receipt.to_str().expect("utf-8"), "--keys", private][..],
+        &[
+            "receipts",
+            "verify",
+            receipt.to_str().expect("utf-8"),
+            "--keys",
+            private,
+        ][..],
         &["audit", "--keys", private][..],
     ] {
         let out = plan_intake(&db, args);
@@ -516,7 +522,10 @@ fn a_key_in_the_wrong_place_is_named_never_printed() {
         }
     }
     let public = format!("{private}.pub");
-    let out = plan_intake(&db, &["serve", "--signing-key", &public, "--bind", "127.0.0.1:0"]);
+    let out = plan_intake(
+        &db,
+        &["serve", "--signing-key", &public, "--bind", "127.0.0.1:0"],
+    );
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("public (verifier) key"), "{said}");

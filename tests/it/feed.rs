@@ -360,7 +360,11 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
 
     for bad in ["wait=61", "wait=-1", "wait=1.5"] {
         for after in ["", "after=now&"] {
-            let refused = send(&service, get(&orders, &format!("/v1/receipts?{after}{bad}"))).await;
+            let refused = send(
+                &service,
+                get(&orders, &format!("/v1/receipts?{after}{bad}")),
+            )
+            .await;
             assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{after}{bad}");
         }
     }
@@ -373,7 +377,11 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
             metrics.feed_waiting_count() == 1
         })
         .await;
-        send(&service, post_plan(&planner, "k2", &plan_body("run-2", "y"))).await
+        send(
+            &service,
+            post_plan(&planner, "k2", &plan_body("run-2", "y")),
+        )
+        .await
     };
     let (page, written) = futures_util::join!(waiting, write);
     assert_eq!(written.status, StatusCode::CREATED);

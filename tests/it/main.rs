@@ -26,6 +26,7 @@ mod pg_batch;
 mod pooler;
 mod privilege;
 mod processes;
+mod restart;
 mod retention;
 mod schema;
 mod support;

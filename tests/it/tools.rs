@@ -115,7 +115,7 @@ fn await_line(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
 }
 
 #[track_caller]
-fn wait_with_deadline(child: &mut Child, what: &str) -> ExitStatus {
+pub(crate) fn wait_with_deadline(child: &mut Child, what: &str) -> ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -320,7 +320,7 @@ fn the_same_file_twice_is_one_plan(scratch: TestDb) {
 
 /// Complete JSON lines from a follower's stdout, on a channel; a last line
 /// cut short by SIGKILL is not a delivery and is dropped.
-fn delivered_lines(stdout: ChildStdout) -> mpsc::Receiver<String> {
+pub(crate) fn delivered_lines(stdout: ChildStdout) -> mpsc::Receiver<String> {
     let (sender, lines) = mpsc::channel();
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stdout);
@@ -348,7 +348,7 @@ fn delivered_lines(stdout: ChildStdout) -> mpsc::Receiver<String> {
 
 /// Receives until `count` lines have come.
 #[track_caller]
-fn take(lines: &mpsc::Receiver<String>, count: usize) -> Vec<String> {
+pub(crate) fn take(lines: &mpsc::Receiver<String>, count: usize) -> Vec<String> {
     (0..count)
         .map(|i| {
             lines
@@ -359,7 +359,7 @@ fn take(lines: &mpsc::Receiver<String>, count: usize) -> Vec<String> {
 }
 
 /// The whole feed, in feed order, as one reader sees it.
-fn feed_order(addr: &str, reader: &str) -> Vec<String> {
+pub(crate) fn feed_order(addr: &str, reader: &str) -> Vec<String> {
     let (status, page) = get(&client(), addr, reader, "/v1/receipts?limit=1000");
     assert_eq!(status, 200, "{page}");
     page["receipts"]

@@ -71,8 +71,58 @@ impl ServeProcess {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--bind", bind])
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--bind", bind]);
+        Self::spawn(command, database_url, extra_args, env)
+    }
+
+    /// Serving on `socket`, handed over as systemd's socket activation
+    /// does: the socket as file descriptor 3, `LISTEN_FDS=1` and
+    /// `LISTEN_PID` the service's own pid (set by the shell that `exec`s
+    /// it, so the pid is the service's). The caller keeps `socket` open
+    /// across restarts, as systemd does, so connections made meanwhile wait
+    /// in its backlog.
+    pub fn start_inheriting(
+        database_url: &str,
+        socket: &std::net::TcpListener,
+        extra_args: &[&str],
+    ) -> Self {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::process::CommandExt as _;
+        let fd = socket.as_raw_fd();
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" serve "$@""#,
+                BIN,
+            ])
+            .env_remove("LISTEN_FDNAMES");
+        // SAFETY: between fork and exec only async-signal-safe calls
+        // (dup2, fcntl) are made, on descriptors this process owns.
+        unsafe {
+            command.pre_exec(move || {
+                if fd == 3 {
+                    // dup2 onto itself keeps close-on-exec: clear it.
+                    if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::spawn(command, database_url, extra_args, &[])
+    }
+
+    fn spawn(
+        mut command: Command,
+        database_url: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut child = command
             .args(extra_args)
             .envs(env.iter().copied())
             .env("DATABASE_URL", database_url)
@@ -131,13 +181,23 @@ impl ServeProcess {
 
     /// SIGTERM, then the exit status once the process has stopped and
     /// every line it wrote is in `log`.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    /// The service's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn terminate(self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM failed");
+        self.wait()
+    }
+
+    /// Waits for the service to exit (told to stop by someone else).
+    pub fn wait(mut self) -> std::process::ExitStatus {
         let status = self.child.wait().expect("wait for plan-intake");
         if let Some(drain) = self.drain.take() {
             drain.join().expect("the log drain");
