@@ -115,32 +115,66 @@ fn main() -> ExitCode {
         // usage (or the help, for a bare command); exit 2. --help and
         // --version go to stdout with exit 0.
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
+            if !e.use_stderr() {
+                // --help and --version: on stdout, as they are.
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // A command line clap could not read has no parsed format: the
+            // one asked for, if it can be found, decides.
+            if json_asked() {
+                commands::stderr_in_json(true);
+                let text = e.render().to_string();
+                commands::tell_line(
+                    "ERROR",
+                    &format!("plan-intake: {}", text.trim_end()),
+                    &[("exit", 2.into())],
+                );
             } else {
-                ExitCode::SUCCESS
-            };
+                let _ = e.print();
+            }
+            return ExitCode::from(2);
         }
     };
+    commands::stderr_in_json(matches!(cli.log_format, LogFormat::Json));
     if let Err(e) = init_tracing(cli.log_format) {
-        eprintln!("plan-intake: {}", plan_intake::report::chain(&e));
+        commands::tell_line(
+            "ERROR",
+            &format!("plan-intake: {}", plan_intake::report::chain(&e)),
+            &[("exit", 2.into())],
+        );
         return ExitCode::from(2);
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            use std::io::Write;
             // A broken stderr is not worth a panic: the exit status tells.
-            let _ = writeln!(
-                std::io::stderr(),
-                "plan-intake: error: {}{}",
-                plan_intake::report::chain(&e),
-                e.hint()
+            commands::tell_line(
+                "ERROR",
+                &format!(
+                    "plan-intake: error: {}{}",
+                    plan_intake::report::chain(&e),
+                    e.hint()
+                ),
+                &[("exit", e.exit_code().into())],
             );
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// Whether `--log-format json` (or `PLAN_INTAKE_LOG_FORMAT=json`) is on a
+/// command line clap refused.
+fn json_asked() -> bool {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--log-format=json" => return true,
+            "--log-format" => return args.next().as_deref() == Some("json"),
+            _ => {}
+        }
+    }
+    std::env::var("PLAN_INTAKE_LOG_FORMAT").as_deref() == Ok("json")
 }
 
 fn run(command: Command) -> Result<(), CommandError> {

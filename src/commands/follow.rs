@@ -7,7 +7,7 @@ use clap::Args;
 use plan_intake_client::{self as client, FollowError, FollowOptions};
 use plan_intake_wire::feed;
 
-use super::{CommandError, ServiceArgs, connect, stop_on_signals};
+use super::{CommandError, ServiceArgs, connect, stop_on_signals, tell};
 
 pub const EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
 Exit status: 0 stopped or drained; 65 a cursor the service refuses; 77 not allowed (401, 403); \
@@ -75,7 +75,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         let mut out = plan_intake::stdout::open().map_err(FollowError::Output)?;
         client::follow(&client, &options, &stop, &mut out)?
     };
-    eprintln!(
+    tell!(
         "stopped after {} receipt(s) in {} page(s); {}",
         followed.receipts,
         followed.pages,

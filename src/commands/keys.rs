@@ -6,7 +6,7 @@ use clap::Subcommand;
 use plan_intake::intake::retention::MIN_RETENTION;
 use plan_intake::storage::MigrateOnOpen;
 
-use super::{CommandError, DatabaseArgs, open_single};
+use super::{CommandError, DatabaseArgs, open_single, tell};
 
 #[derive(Subcommand)]
 pub enum KeysAction {
@@ -51,9 +51,9 @@ pub fn run(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError> {
     let pruned =
         plan_intake::intake::retention::prune_keys(&mut conn, older_than, batch_size, dry_run)?;
     if pruned.dry_run {
-        eprintln!("would delete {} idempotency keys", pruned.keys);
+        tell!("would delete {} idempotency keys", pruned.keys);
     } else {
-        eprintln!("deleted {} idempotency keys", pruned.keys);
+        tell!("deleted {} idempotency keys", pruned.keys);
     }
     Ok(())
 }

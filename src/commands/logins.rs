@@ -8,7 +8,7 @@ use plan_intake::intake::login as logins;
 use plan_intake::intake::receipt::format_timestamp;
 use plan_intake::storage::MigrateOnOpen;
 
-use super::{CommandError, DatabaseArgs, open_single, say};
+use super::{CommandError, DatabaseArgs, open_single, say, tell};
 
 #[derive(Subcommand)]
 pub enum LoginsAction {
@@ -56,7 +56,7 @@ pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> 
             logins::create_handed_over(&mut conn, &name, &permissions, |token| {
                 plan_intake::stdout::line(token)
             })?;
-            eprintln!("created login `{name}`; the token above is shown only once");
+            tell!("created login `{name}`; the token above is shown only once");
         }
         LoginsAction::List => {
             let now = plan_intake::clock::now_micros();
@@ -79,18 +79,18 @@ pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> 
         }
         LoginsAction::Revoke { name } => {
             logins::revoke(&mut conn, &name)?;
-            eprintln!("revoked login `{name}`");
+            tell!("revoked login `{name}`");
         }
         LoginsAction::Rotate { name, grace } => {
             logins::rotate_handed_over(&mut conn, &name, grace, |token| {
                 plan_intake::stdout::line(token)
             })?;
             if grace.is_zero() {
-                eprintln!(
+                tell!(
                     "new token for login `{name}`, shown only once; the replaced one no longer works"
                 );
             } else {
-                eprintln!(
+                tell!(
                     "new token for login `{name}`, shown only once; the replaced one works for {} more",
                     humantime::format_duration(grace)
                 );
@@ -100,7 +100,7 @@ pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> 
             logins::reinstate_handed_over(&mut conn, &name, |token| {
                 plan_intake::stdout::line(token)
             })?;
-            eprintln!(
+            tell!(
                 "login `{name}` is active again under the token above, shown only once; no earlier token works"
             );
         }

@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use plan_intake::storage::{DbConn, MigrateOnOpen, StorageError, migrations};
 
-use super::{CommandError, DatabaseArgs, open_single, say};
+use super::{CommandError, DatabaseArgs, open_single, say, tell};
 
 #[derive(Subcommand)]
 pub enum MigrateAction {
@@ -49,10 +49,10 @@ pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
         MigrateAction::Run => {
             let applied = migrations::run_pending(conn)?;
             if applied.is_empty() {
-                eprintln!("no pending migrations");
+                tell!("no pending migrations");
             }
             for name in applied {
-                eprintln!("applied {name}");
+                tell!("applied {name}");
             }
         }
         MigrateAction::Status => {
@@ -67,7 +67,7 @@ pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
         MigrateAction::Print { revert: false } => {
             let planned = migrations::pending_sql(conn)?;
             if planned.is_empty() {
-                eprintln!("no pending migrations");
+                tell!("no pending migrations");
             }
             for (name, sql) in planned {
                 say!("-- {name}\n{}\n", sql.trim_end());
@@ -75,15 +75,15 @@ pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
         }
         MigrateAction::Print { revert: true } => match migrations::revert_sql(conn)? {
             Some((name, sql)) => say!("-- revert {name}\n{}\n", sql.trim_end()),
-            None => eprintln!("no applied migrations"),
+            None => tell!("no applied migrations"),
         },
         MigrateAction::Revert { yes } => {
             migrations::require_owner(conn)?;
             let Some((name, sql)) = migrations::revert_sql(conn)? else {
-                eprintln!("no applied migrations");
+                tell!("no applied migrations");
                 return Ok(());
             };
-            eprintln!("-- reverting {name}:\n{}", sql.trim_end());
+            tell!("-- reverting {name}:\n{}", sql.trim_end());
             let holding = migrations::tables_with_rows_dropped_by(conn, &sql)?;
             if !holding.is_empty() && !yes {
                 let tables: Vec<String> = holding
@@ -96,7 +96,7 @@ pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError>
                 ))));
             }
             let name = migrations::revert_last(conn)?;
-            eprintln!("reverted {name}");
+            tell!("reverted {name}");
         }
         MigrateAction::Grants { role, pruner: true } => {
             say!("{}", migrations::pruner_grant_for(conn, &role)?);

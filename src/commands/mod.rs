@@ -34,6 +34,48 @@ macro_rules! say {
 
 pub(crate) use say;
 
+/// Whether stderr speaks JSON (`--log-format json`): set once, by `main`,
+/// before any command runs.
+static STDERR_JSON: AtomicBool = AtomicBool::new(false);
+
+pub fn stderr_in_json(json: bool) {
+    STDERR_JSON.store(json, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// One line for the operator on stderr, whatever the log filter: as it
+/// is, or with `--log-format json` one JSON object shaped as the log's
+/// own lines (`timestamp`, `level`, `message`, `target`), so that every
+/// line on stderr parses alike. A stderr that is gone is not worth a panic.
+pub fn tell_line(level: &str, message: &str, extra: &[(&str, serde_json::Value)]) {
+    use std::io::Write as _;
+    let line = if STDERR_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut object = serde_json::json!({
+            "timestamp": plan_intake::intake::receipt::format_timestamp(
+                &plan_intake::clock::now_micros()
+            ),
+            "level": level,
+            "message": message,
+            "target": "plan_intake",
+        });
+        for (name, value) in extra {
+            object[*name] = value.clone();
+        }
+        object.to_string()
+    } else {
+        message.to_owned()
+    };
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// `tell_line` at INFO with `format!`'s arguments.
+macro_rules! tell {
+    ($($arg:tt)*) => {
+        $crate::commands::tell_line("INFO", &format!($($arg)*), &[])
+    };
+}
+
+pub(crate) use tell;
+
 /// What stops a command, with its causes: one line, exit 1.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {

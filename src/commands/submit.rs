@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use plan_intake_client::{self as client, SubmitOptions};
 
-use super::{CommandError, ServiceArgs, connect, parse_key, read_request, say};
+use super::{CommandError, ServiceArgs, connect, parse_key, read_request, say, tell};
 
 pub const EXITS: &str = "Exit status: 0 created, replayed or already_received (the receipt on stdout); \
 65 refused (400, 413, 415, 422: fix the request); 77 not allowed (401, 403); \
@@ -47,7 +47,7 @@ pub fn run(args: SubmitArgs) -> Result<(), CommandError> {
     let client = connect(&service)?;
     let body = read_request(file.as_deref())?;
     let key = key.unwrap_or_else(|| client::derive_key(&body));
-    eprintln!("idempotency-key: {key}");
+    tell!("idempotency-key: {key}");
     let submitted = client.submit(
         &body,
         &SubmitOptions {

@@ -530,3 +530,62 @@ fn a_key_in_the_wrong_place_is_named_never_printed() {
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("public (verifier) key"), "{said}");
 }
+
+/// One log format: with `--log-format json` every line a command writes on
+/// stderr is one JSON object: `submit`'s derived key, its retries and its
+/// final error; `logins add`'s note; `migrate run`'s; a command line clap
+/// refuses.
+#[test]
+fn with_json_logs_every_stderr_line_is_one_json_object() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("json.db").display());
+    let request = dir.path().join("plan.json");
+    std::fs::write(&request, crate::support::plan_body("run-json", "x")).expect("a request");
+    let nothing_listens = format!("http://127.0.0.1:{}", crate::support::process::free_port());
+    let runs: [(&[&str], &[(&str, &str)]); 4] = [
+        (&["migrate", "run"], &[]),
+        (
+            &["logins", "add", "planner-a", "--permission", "plans:submit"],
+            &[],
+        ),
+        (
+            &[
+                "submit",
+                request.to_str().expect("utf-8"),
+                "--max-attempts",
+                "3",
+                "--retry-base-ms",
+                "1",
+            ],
+            &[
+                ("PLAN_INTAKE_URL", nothing_listens.as_str()),
+                ("PLAN_INTAKE_TOKEN", "pit_0"),
+            ],
+        ),
+        (&["logins", "frobnicate"], &[]),
+    ];
+    for (args, env) in runs {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--log-format")
+            .arg("json")
+            .env("DATABASE_URL", &url)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run plan-intake");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!said.trim().is_empty(), "{args:?} said nothing");
+        for line in said.lines() {
+            let object: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|_| panic!("{args:?}: not one JSON object: {line:?}"));
+            assert!(
+                object["level"].is_string() && object.get("timestamp").is_some(),
+                "{args:?}: {line}"
+            );
+        }
+        if args[0] == "submit" {
+            assert!(said.contains("idempotency-key: submit-"), "{said}");
+            assert!(said.contains("\"exit\":75"), "{said}");
+        }
+    }
+}
