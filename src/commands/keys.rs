@@ -20,7 +20,8 @@ pub enum KeysAction {
         /// Keys deleted per transaction
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         batch_size: u32,
-        /// Only count what would be deleted
+        /// Only count what the real run would be allowed to delete (the same
+        /// floor and privilege apply)
         #[arg(long)]
         dry_run: bool,
         #[arg(long, help = format!(
@@ -39,12 +40,13 @@ pub fn run(db: &DatabaseArgs, action: KeysAction) -> Result<(), CommandError> {
         allow_short_retention,
     } = action;
     let minimum = MIN_RETENTION;
-    // A dry run deletes nothing: it may count what a short retention would.
-    if older_than < minimum && !allow_short_retention && !dry_run {
+    // A dry run counts what the real run would be allowed to delete, so it
+    // is held to the same floor.
+    if older_than < minimum && !allow_short_retention {
         return Err(CommandError::Usage(format!(
-            "--older-than {} is below the minimum retention of {}: a client still retrying a request whose key was pruned would store a second plan for other content; keep keys longer than any client retries, or pass --allow-short-retention",
+            "--older-than {} is below the minimum retention of {}h: a client still retrying a request whose key was pruned would store a second plan for other content; keep keys longer than any client retries, or pass --allow-short-retention",
             humantime::format_duration(older_than),
-            humantime::format_duration(minimum)
+            minimum.as_secs() / 3600
         )));
     }
     let mut conn = open_single(db, MigrateOnOpen::RequireNonePending)?;

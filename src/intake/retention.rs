@@ -36,6 +36,14 @@ pub fn prune_keys(
     let before = crate::clock::now_micros()
         .checked_sub_signed(age)
         .ok_or_else(|| too_old(older_than))?;
+    // A dry run counts what the real run would be allowed to delete: none
+    // without the privilege.
+    crate::storage::migrations::require_table_privilege(
+        conn,
+        "intake_keys",
+        "DELETE",
+        " --pruner",
+    )?;
     if dry_run {
         let keys = plans::count_keys_before(conn, before)?;
         return Ok(Pruned {

@@ -36,6 +36,18 @@ pub enum StorageError {
     DeadlineExceeded(&'static str),
     #[error("migrations are pending: {}", .0.join(", "))]
     PendingMigrations(Vec<String>),
+    /// The role lacks a privilege a command needs on a table: told with
+    /// the `migrate grants` line that gives it (never read from an error's
+    /// words: asked of the catalog first).
+    #[error(
+        "role `{role}` may not {privilege} `{table}`: as the owner, run `plan-intake migrate grants {role}{grants_flag}` and apply what it prints"
+    )]
+    MissingPrivilege {
+        role: String,
+        privilege: &'static str,
+        table: &'static str,
+        grants_flag: &'static str,
+    },
     /// A SQLite file that does not exist, asked of a command that does not
     /// create databases.
     #[error(

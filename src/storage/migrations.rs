@@ -130,6 +130,42 @@ pub(super) fn require(
     }
 }
 
+/// Refuses, naming the `migrate grants` line that fixes it, a role that
+/// lacks `privilege` (an SQL privilege name: `DELETE`, `INSERT`, …) on
+/// `table`; `grants_flag`: what that line needs besides the role (` --pruner`).
+/// SQLite has no roles.
+pub fn require_table_privilege(
+    conn: &mut DbConn,
+    table: &'static str,
+    privilege: &'static str,
+    grants_flag: &'static str,
+) -> Result<(), StorageError> {
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(());
+    };
+    let may = diesel::sql_query(
+        "SELECT COALESCE(has_table_privilege(to_regclass($1), $2), true) AS flag",
+    )
+    .bind::<Text, _>(table)
+    .bind::<Text, _>(privilege)
+    .get_result::<Flag>(pg)?
+    .flag;
+    if may {
+        return Ok(());
+    }
+    Err(StorageError::MissingPrivilege {
+        role: current_role(pg)?,
+        privilege: match privilege {
+            "DELETE" => "delete from",
+            "INSERT" => "insert into",
+            "UPDATE" => "update",
+            _ => "read",
+        },
+        table,
+        grants_flag,
+    })
+}
+
 pub(super) fn current_role(pg: &mut diesel::PgConnection) -> Result<String, StorageError> {
     #[derive(diesel::QueryableByName)]
     struct Role {

@@ -242,6 +242,11 @@ fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
     );
     assert!(!refused.status.success(), "pruned without the grant");
     assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains(&format!("plan-intake migrate grants {} --pruner", role.0)),
+        "the refusal names the grant that fixes it: {}",
+        stderr(&refused)
+    );
 
     let grant = run_cli(&db, &["migrate", "grants", &role.0, "--pruner"]);
     let grant = stdout(&grant);

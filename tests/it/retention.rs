@@ -33,6 +33,15 @@ async fn a_retry_under_a_pruned_key_is_already_received(db: TestDb) {
     }
     let db = app.db_ref();
 
+    // A dry run counts what the real run would be allowed to delete: below
+    // the floor, nothing without --allow-short-retention.
+    let floor = run_cli(db, &["keys", "prune", "--older-than", "1h", "--dry-run"]);
+    assert_eq!(floor.status.code(), Some(2), "{}", stderr(&floor));
+    assert!(
+        stderr(&floor).contains("minimum retention of 48h"),
+        "{}",
+        stderr(&floor)
+    );
     let dry = run_cli(
         db,
         &[
@@ -188,7 +197,7 @@ fn a_retention_below_the_minimum_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{short}: {}", stderr(&out));
         assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
         assert!(
-            stderr(&out).contains("minimum retention of 2days"),
+            stderr(&out).contains("minimum retention of 48h"),
             "{}",
             stderr(&out)
         );
