@@ -56,6 +56,12 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         exec,
         drain,
     } = args;
+    if from_start && cursor_file.exists() {
+        tell!(
+            "--from-start is ignored: {} holds a cursor, and the follower goes on from it (remove the file to start over)",
+            cursor_file.display()
+        );
+    }
     let client = connect(&service)?;
     let options = FollowOptions {
         from_start,

@@ -14,6 +14,7 @@ use super::{CommandError, DatabaseArgs, open_single, say, tell};
 pub enum LoginsAction {
     /// Create a login; prints only its token on stdout
     Add {
+        /// The login's name (1-64 of A-Z a-z 0-9 - _ .): the maker of its plans
         name: String,
         /// plans:submit or receipts:read; repeat for several
         #[arg(long = "permission", required = true)]
@@ -22,13 +23,17 @@ pub enum LoginsAction {
     /// List logins (never tokens)
     List,
     /// Revoke a login's token at once
-    Revoke { name: String },
+    Revoke {
+        /// The login to revoke
+        name: String,
+    },
     /// Issue a new token for an active login (prints only the token); the
     /// token it replaces keeps working for the grace period. A rotation
     /// during an earlier one's grace period ends that grace at once: only
     /// the token just replaced keeps working. A revoked login is refused
     /// (see `reinstate`). Keys and receipts stay the login's.
     Rotate {
+        /// The active login to give a new token
         name: String,
         /// How long the replaced token keeps working, e.g. 24h, 30m, 0s
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
@@ -36,7 +41,10 @@ pub enum LoginsAction {
     },
     /// Bring a revoked login back on purpose, under a new token only (prints
     /// only the token); no token it had before works again
-    Reinstate { name: String },
+    Reinstate {
+        /// The revoked login to bring back
+        name: String,
+    },
 }
 
 pub fn run(db: &DatabaseArgs, action: LoginsAction) -> Result<(), CommandError> {

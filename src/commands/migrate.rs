@@ -27,6 +27,7 @@ pub enum MigrateAction {
     },
     /// Print the GRANT statements that let ROLE run the service and nothing more (Postgres)
     Grants {
+        /// The Postgres role the service (or the pruner) connects as
         role: String,
         /// Print only the one extra grant a role needs to run `keys prune`
         #[arg(long)]
@@ -35,6 +36,22 @@ pub enum MigrateAction {
 }
 
 pub fn run(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError> {
+    // What only prints may be cut short by its reader (`| head`): quietly.
+    let only_prints = matches!(
+        action,
+        MigrateAction::Status | MigrateAction::Print { .. } | MigrateAction::Grants { .. }
+    );
+    match act(db, action) {
+        Err(CommandError::Output(e))
+            if only_prints && e.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
+        }
+        done => done,
+    }
+}
+
+fn act(db: &DatabaseArgs, action: MigrateAction) -> Result<(), CommandError> {
     if matches!(action, MigrateAction::Run | MigrateAction::Revert { .. }) {
         migrations::refuse_through_pooler(db.pg_pooler)?;
     }

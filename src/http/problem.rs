@@ -211,7 +211,7 @@ impl ApiError {
             }
             ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
             ApiError::KeyReused => {
-                "this Idempotency-Key was already used by this login for a different request"
+                "this Idempotency-Key was already used by this login for a different request; nothing was stored: send the new content under a new Idempotency-Key (a retry of the first request keeps this key)"
                     .to_owned()
             }
             other => other.to_string(),

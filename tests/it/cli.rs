@@ -589,3 +589,60 @@ fn with_json_logs_every_stderr_line_is_one_json_object() {
         }
     }
 }
+
+/// Every positional argument of every command has a help text, and a
+/// listing cut short by its reader (`migrate print | head`) ends quietly.
+#[test]
+fn every_argument_is_explained_and_a_listing_cut_short_ends_quietly() {
+    let commands: [&[&str]; 10] = [
+        &["submit"],
+        &["receipts", "verify"],
+        &["logins", "add"],
+        &["logins", "revoke"],
+        &["logins", "rotate"],
+        &["logins", "reinstate"],
+        &["migrate", "grants"],
+        &["keys", "prune"],
+        &["follow"],
+        &["audit"],
+    ];
+    for command in commands {
+        let out = Command::new(BIN)
+            .args(command)
+            .arg("-h")
+            .output()
+            .expect("run -h");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let arguments = help
+            .split_once("Arguments:\n")
+            .map(|(_, rest)| rest.split("\n\n").next().unwrap_or_default());
+        for line in arguments.unwrap_or_default().lines() {
+            let explained = line
+                .trim()
+                .split_once("  ")
+                .is_some_and(|(_, text)| !text.trim().is_empty());
+            assert!(explained, "{command:?}: no help for {line:?}");
+        }
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("cut.db").display());
+    std::fs::File::create(dir.path().join("cut.db")).expect("an empty database");
+    let printed = Command::new("bash")
+        .args([
+            "-c",
+            r#"set -o pipefail; "$0" migrate print 2>"$1" | head -n 1 >/dev/null; echo $?"#,
+            BIN,
+            dir.path().join("stderr").to_str().expect("utf-8"),
+        ])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("run migrate print | head");
+    let said = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    assert_eq!(said, "", "migrate print | head says nothing");
+    assert_eq!(
+        String::from_utf8_lossy(&printed.stdout).trim(),
+        "0",
+        "migrate print | head exits 0"
+    );
+}

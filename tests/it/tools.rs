@@ -452,6 +452,7 @@ fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
             "follow",
             "--cursor-file",
             cursor.to_str().expect("path"),
+            "--from-start",
             "--drain",
         ],
         &base,
@@ -461,6 +462,11 @@ fn follow_killed_mid_stream_skips_nothing(scratch: TestDb) {
     .expect("follow --drain");
     assert!(out.status.success());
     assert!(out.stdout.is_empty(), "nothing after the saved cursor");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--from-start is ignored") && said.contains("orders.cursor"),
+        "an ignored --from-start is told: {said}"
+    );
 }
 
 /// A CMD that fails twice gets the same page a third time; the cursor does

@@ -371,6 +371,13 @@ impl Answer {
     #[track_caller]
     pub fn assert_key_reused(&self) {
         self.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+        assert!(
+            self.body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("send the new content under a new Idempotency-Key")),
+            "the refusal says what to do: {:?}",
+            self.body
+        );
     }
 }
 
