@@ -96,6 +96,10 @@ postgresql:
       password: postgres
   parameters:
     unix_socket_directories: '$dir'
+    # Postgres's own lines (a port it cannot bind, a failed start) go to
+    # stderr, which this node's log (nodeN.log) takes beside Patroni's.
+    logging_collector: "off"
+    log_destination: stderr
 YAML
     chown postgres:postgres "$dir/node$n.yml"
   done

@@ -81,10 +81,18 @@ impl Drop for Cluster {
     }
 }
 
-/// A base port with every port the cluster takes free.
+/// A base port with every port the cluster takes free, below the kernel's
+/// ephemeral range: a port in that range, free when checked, can be taken
+/// by any outgoing connection (the suite makes hundreds) before Postgres or
+/// etcd binds it, and the node then never starts.
 fn free_base() -> u16 {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000u16, ephemeral_low.saturating_sub(100).max(10_100));
     for _ in 0..100 {
-        let base = 20_000 + rand::random::<u16>() % 20_000;
+        let base = low + rand::random::<u16>() % (high - low);
         let all_free = [0, 1, 10, 11, 20, 21]
             .iter()
             .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
@@ -201,20 +209,36 @@ impl Cluster {
         }
     }
 
+    /// The end of every log the cluster writes: each node's Patroni (with
+    /// its Postgres's own lines: the nodes log to stderr, which Patroni's
+    /// log takes), any log file Postgres kept in its data directory, and
+    /// etcd's; the ports in use.
     fn logs(&self) -> String {
-        NODES
-            .iter()
-            .map(|node| {
-                let log = std::fs::read_to_string(self.dir.join(format!("{node}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                format!(
-                    "--- {node}:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        let tail = |path: &Path, lines: usize| {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        };
+        let mut told = vec![format!("base port {}", self.base)];
+        for node in NODES {
+            told.push(format!(
+                "--- {node} (Patroni and Postgres):\n{}",
+                tail(&self.dir.join(format!("{node}.log")), 40)
+            ));
+            let kept = std::fs::read_dir(self.dir.join(node).join("log"))
+                .into_iter()
+                .flatten()
+                .flatten();
+            for file in kept {
+                told.push(format!(
+                    "--- {node} {}:\n{}",
+                    file.path().display(),
+                    tail(&file.path(), 40)
+                ));
+            }
+        }
+        told.push(format!("--- etcd:\n{}", tail(&self.dir.join("etcd.log"), 15)));
+        told.join("\n")
     }
 
     fn leader(&self) -> String {
