@@ -239,7 +239,7 @@ pub struct Ready {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to take plans", body = Ready),
-        (status = 503, description = "Database unreachable, migrations pending, or commits blocked (they wait for a synchronous standby and none is attached)", body = problem::Problem, content_type = "application/problem+json",
+        (status = 503, description = "Not ready, the reason named by the problem's type and told in its detail: `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached)", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
 pub async fn readyz(
@@ -247,11 +247,22 @@ pub async fn readyz(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let deadline = deadline::of(&req, &state);
+    // Not ready: the reason named, told whole (an operator's endpoint).
     let readiness = state
         .blocking(deadline, move |intake| intake.readiness(&deadline))
         .await
         .map_err(|e| match e {
-            ApiError::Internal(cause) => ApiError::Unavailable(cause),
+            ApiError::NotSetUp(reason) => ApiError::NotReady {
+                problem: problem::not_set_up(&reason),
+                detail: reason.to_string(),
+            },
+            ApiError::Internal(cause) | ApiError::Unavailable(cause) => ApiError::NotReady {
+                problem: "unavailable",
+                detail: format!(
+                    "the database is unavailable: {}",
+                    crate::report::chain(cause.as_ref())
+                ),
+            },
             other => other,
         })?;
     if readiness.commits_blocked {

@@ -6,6 +6,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::intake::body::{BodyError, FieldError};
+use crate::intake::read::NotSetUp;
 use crate::intake::receipt::CorruptRow;
 use crate::intake::{ReadError, SubmitError};
 
@@ -86,6 +87,18 @@ pub enum ApiError {
         "commits wait for a synchronous standby and none is attached: no write can complete until one is"
     )]
     CommitsBlocked,
+    /// The database is not set up for the service (migrations pending,
+    /// grants its role lacks): 503 naming which, retry later; an operator
+    /// must act.
+    #[error(transparent)]
+    NotSetUp(NotSetUp),
+    /// `/readyz` not ready, its reason named (`problem`) and told whole
+    /// (`detail`): the operator's answer, not a caller's.
+    #[error("{detail}")]
+    NotReady {
+        problem: &'static str,
+        detail: String,
+    },
     /// The cause is logged; the caller is told to retry with the same key.
     #[error("service unavailable")]
     Unavailable(#[source] Cause),
@@ -162,6 +175,14 @@ const fn kind(
     }
 }
 
+/// The problem type of a database not set up for the service.
+pub(crate) fn not_set_up(error: &NotSetUp) -> &'static str {
+    match error {
+        NotSetUp::MigrationsPending(_) => "migrations-pending",
+        NotSetUp::MissingGrants { .. } => "missing-grants",
+    }
+}
+
 impl ApiError {
     /// Every kind of answer, one row each.
     #[rustfmt::skip]
@@ -189,6 +210,8 @@ impl ApiError {
             ApiError::Throttled(_) => kind(S::TOO_MANY_REQUESTS, "throttled", "Too Many Requests", "throttled", true),
             ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => kind(S::SERVICE_UNAVAILABLE, "busy", UNAVAILABLE, "unavailable", true),
             ApiError::CommitsBlocked => kind(S::SERVICE_UNAVAILABLE, "commits-blocked", UNAVAILABLE, "unavailable", true),
+            ApiError::NotSetUp(e) => kind(S::SERVICE_UNAVAILABLE, not_set_up(e), UNAVAILABLE, "unavailable", true),
+            ApiError::NotReady { problem, .. } => kind(S::SERVICE_UNAVAILABLE, problem, UNAVAILABLE, "unavailable", true),
             ApiError::Unavailable(_) => kind(S::SERVICE_UNAVAILABLE, "unavailable", UNAVAILABLE, "unavailable", true),
             ApiError::Timeout(_) => kind(S::SERVICE_UNAVAILABLE, "timeout", UNAVAILABLE, "unavailable", true),
             ApiError::Internal(_) => kind(S::INTERNAL_SERVER_ERROR, "internal", "Internal Server Error", "error", false),
@@ -210,6 +233,12 @@ impl ApiError {
                     .to_owned()
             }
             ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
+            ApiError::NotSetUp(NotSetUp::MigrationsPending(_)) => {
+                "the service's database has migrations pending: an operator must run `plan-intake migrate run`; retry later with the same Idempotency-Key".to_owned()
+            }
+            ApiError::NotSetUp(_) => {
+                "permission denied: the service's database role lacks grants it needs, and an operator must run `plan-intake migrate grants ROLE`; retry later with the same Idempotency-Key".to_owned()
+            }
             ApiError::KeyReused => {
                 "this Idempotency-Key was already used by this login for a different request; nothing was stored: send the new content under a new Idempotency-Key (a retry of the first request keeps this key)"
                     .to_owned()
@@ -283,6 +312,7 @@ impl From<ReadError> for ApiError {
         match error {
             ReadError::TimedOut(_) => ApiError::Timeout(Box::new(error)),
             ReadError::Unavailable(_) => ApiError::Unavailable(Box::new(error)),
+            ReadError::NotSetUp(e) => ApiError::NotSetUp(e),
             ReadError::Corrupt(_) => ApiError::Internal(Box::new(error)),
             ReadError::CursorNotInFeed(refused) => ApiError::CursorNotInFeed(refused.to_string()),
         }
@@ -298,6 +328,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
             e if e.deadline_passed() => ApiError::Timeout(Box::new(e)),
             e @ SubmitError::Corrupt(_) => ApiError::Internal(Box::new(e)),
+            SubmitError::NotSetUp(e) => ApiError::NotSetUp(e),
             e => ApiError::Unavailable(Box::new(e)),
         }
     }

@@ -506,7 +506,8 @@ impl Intake {
     /// and whether an acknowledged plan survives a failover (the gauge
     /// `plan_intake_commit_waits_for_standby` follows).
     pub fn readiness(&self, deadline: &Deadline) -> Result<Readiness, ReadError> {
-        let readiness = read::readiness_of(&self.db.readiness(deadline)?);
+        let signing = self.signing_key().is_some();
+        let readiness = read::readiness_of(&self.db.readiness(deadline, signing)?);
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         self.metrics.set_commits_blocked(readiness.commits_blocked);

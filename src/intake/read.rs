@@ -15,9 +15,13 @@ pub enum ReadError {
     /// The request's deadline passed first: retry later.
     #[error("the request's deadline passed")]
     TimedOut(#[source] StorageError),
-    /// The database could not answer (or migrations are pending): retry later.
+    /// The database could not answer: retry later.
     #[error("the database could not answer")]
     Unavailable(#[source] StorageError),
+    /// The database is not set up for this service: migrations pending, or
+    /// grants its role lacks. An operator must act; retry later.
+    #[error(transparent)]
+    NotSetUp(NotSetUp),
     /// A stored row cannot be read back: never the caller's fault.
     #[error("a stored row cannot be read back")]
     Corrupt(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -30,9 +34,31 @@ impl From<StorageError> for ReadError {
     fn from(error: StorageError) -> Self {
         match error {
             StorageError::DeadlineExceeded(_) => ReadError::TimedOut(error),
+            StorageError::PendingMigrations(pending) => {
+                ReadError::NotSetUp(NotSetUp::MigrationsPending(pending))
+            }
+            StorageError::MissingGrants { role, missing } => {
+                ReadError::NotSetUp(NotSetUp::MissingGrants { role, missing })
+            }
             other => ReadError::Unavailable(other),
         }
     }
+}
+
+/// Why the database is not set up for the service, in the operator's
+/// words: what is missing and the command that mends it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotSetUp {
+    #[error(
+        "migrations are pending: {}: apply them with `plan-intake migrate run` as the owner",
+        .0.join(", ")
+    )]
+    MigrationsPending(Vec<String>),
+    #[error(
+        "role `{role}` lacks {}: as the owner, run `plan-intake migrate grants {role}` and apply what it prints (again after every upgrade)",
+        .missing.join(", ")
+    )]
+    MissingGrants { role: String, missing: Vec<String> },
 }
 
 impl From<CorruptRow> for ReadError {

@@ -63,6 +63,10 @@ pub enum SubmitError {
     Unavailable(#[source] diesel::result::Error),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The database is not set up for the service (grants its role lacks):
+    /// 503 naming it.
+    #[error(transparent)]
+    NotSetUp(super::read::NotSetUp),
 }
 
 impl SubmitError {
@@ -226,6 +230,15 @@ impl Intake {
                 FailureClass::Refused => return Err(refused(&log, error)),
                 FailureClass::Unavailable => {
                     tracing::error!(maker = %login.name, key = key.as_str(), attempt, sqlstate = marked_sqlstate(&error), %error, "write failed; not retried");
+                    // Grants the role lacks are told as such, not as an
+                    // unavailable database.
+                    if let Some(StorageError::MissingGrants { role, missing }) =
+                        self.db.missing_grants(deadline)
+                    {
+                        let not_set_up = super::read::NotSetUp::MissingGrants { role, missing };
+                        tracing::error!("{not_set_up}");
+                        return Err(SubmitError::NotSetUp(not_set_up));
+                    }
                     return Err(SubmitError::Unavailable(error));
                 }
             }

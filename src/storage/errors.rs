@@ -48,6 +48,13 @@ pub enum StorageError {
         table: &'static str,
         grants_flag: &'static str,
     },
+    /// The service's role lacks grants it needs (an upgrade that added
+    /// tables, without `migrate grants` run again).
+    #[error(
+        "role `{role}` lacks {}: as the owner, run `plan-intake migrate grants {role}` and apply what it prints (again after every upgrade)",
+        .missing.join(", ")
+    )]
+    MissingGrants { role: String, missing: Vec<String> },
     /// A SQLite file that does not exist, asked of a command that does not
     /// create databases.
     #[error(

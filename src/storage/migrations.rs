@@ -480,6 +480,72 @@ pub fn grants_for(conn: &mut DbConn, role: &str) -> Result<Vec<String>, StorageE
     Ok(statements)
 }
 
+/// What the service's role lacks of the grants [`grants_for`] prints, as
+/// `PRIVILEGE on TABLE` lines (empty when it lacks nothing, and on SQLite):
+/// the tables every instance uses, and with `signing` the receipt log's and
+/// the signing keys'. Asked of the catalog (`has_*_privilege`), never read
+/// from an error's words. A table not there yet is a pending migration's
+/// business, not a grant's.
+pub fn missing_privileges(conn: &mut DbConn, signing: bool) -> Result<Vec<String>, StorageError> {
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(Vec::new());
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Missing {
+        #[diesel(sql_type = Text)]
+        missing: String,
+    }
+    let rows: Vec<Missing> = diesel::sql_query(
+        "WITH needed (tbl, priv, for_signing) AS (VALUES
+             ('logins', 'SELECT', false), ('__diesel_schema_migrations', 'SELECT', false),
+             ('plans', 'SELECT', false), ('plans', 'INSERT', false),
+             ('intake_keys', 'SELECT', false), ('intake_keys', 'INSERT', false),
+             ('feed_bases', 'SELECT', false), ('feed_bases', 'INSERT', false),
+             ('receipt_log', 'SELECT', true), ('receipt_log', 'INSERT', true),
+             ('receipt_log_hashes', 'SELECT', true), ('receipt_log_hashes', 'INSERT', true),
+             ('receipt_log_checkpoints', 'SELECT', true), ('receipt_log_checkpoints', 'INSERT', true),
+             ('receipt_log_state', 'SELECT', true), ('receipt_log_state', 'UPDATE', true),
+             ('signing_keys', 'SELECT', true), ('signing_keys', 'INSERT', true))
+         SELECT priv || ' on ' || tbl AS missing FROM needed
+          WHERE (NOT for_signing OR $1) AND to_regclass(tbl) IS NOT NULL
+            AND NOT has_table_privilege(to_regclass(tbl), priv)
+         UNION ALL
+         SELECT 'UPDATE (last_used_at) on signing_keys'
+          WHERE $1 AND to_regclass('signing_keys') IS NOT NULL
+            AND NOT has_column_privilege(to_regclass('signing_keys'), 'last_used_at', 'UPDATE')
+         UNION ALL
+         SELECT 'USAGE on sequence ' || seq FROM (VALUES
+                (pg_get_serial_sequence(to_regclass('plans')::text, 'id')),
+                (pg_get_serial_sequence(to_regclass('intake_keys')::text, 'id'))) AS s(seq)
+          WHERE seq IS NOT NULL AND NOT has_sequence_privilege(seq, 'USAGE')
+         UNION ALL
+         SELECT 'EXECUTE on function ' || p.oid::regprocedure::text
+           FROM pg_proc p
+          WHERE p.pronamespace = to_regnamespace(current_schema())
+            AND p.proname LIKE 'plan\\_intake\\_%'
+            AND NOT has_function_privilege(p.oid, 'EXECUTE')",
+    )
+    .bind::<diesel::sql_types::Bool, _>(signing)
+    .load(pg)?;
+    Ok(rows.into_iter().map(|row| row.missing).collect())
+}
+
+/// Refuses, with what is missing and the line that grants it, a role that
+/// lacks any privilege the service needs ([`missing_privileges`]).
+pub fn require_service_privileges(conn: &mut DbConn, signing: bool) -> Result<(), StorageError> {
+    let missing = missing_privileges(conn, signing)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let DbConn::Postgres(pg) = conn else {
+        return Ok(());
+    };
+    Err(StorageError::MissingGrants {
+        role: current_role(pg)?,
+        missing,
+    })
+}
+
 fn no_roles() -> StorageError {
     StorageError::Config(
         "SQLite has no roles: the file's permissions decide who may use it".to_owned(),

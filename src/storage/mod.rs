@@ -201,6 +201,15 @@ impl Database {
             };
             let broken = !with_conn!(&mut *conn, c => is_alive(c));
             tries -= 1;
+            if !broken
+                && let Err(missing @ StorageError::MissingGrants { .. }) =
+                    migrations::require_service_privileges(&mut conn, true)
+            {
+                // A failure the role's grants explain is told as such, asked
+                // of the catalog (an error's words may be in any language).
+                tracing::error!(%error, "{missing}");
+                return Err(missing);
+            }
             if !errors::is_connection_lost(&error, broken) || tries == 0 {
                 return Err(error.into());
             }
@@ -378,12 +387,17 @@ impl Database {
     /// Ready to serve: the database answers and no migration is pending.
     /// Reads only, so a role that may not create anything can ask. Also
     /// says whether an acknowledged commit has reached a standby.
-    pub fn readiness(&self, deadline: &Deadline) -> Result<Durability, StorageError> {
+    pub fn readiness(
+        &self,
+        deadline: &Deadline,
+        signing: bool,
+    ) -> Result<Durability, StorageError> {
         let mut conn = self.conn_within(deadline)?;
         let pending = migrations::pending(&mut conn)?;
         if !pending.is_empty() {
             return Err(StorageError::PendingMigrations(pending));
         }
+        migrations::require_service_privileges(&mut conn, signing)?;
         Ok(match &mut *conn {
             DbConn::Sqlite(_) => Durability::LocalFile,
             DbConn::Postgres(pg) => {
@@ -394,6 +408,13 @@ impl Database {
                 durability
             }
         })
+    }
+
+    /// The grants the service's role lacks, told as an error, if any (asked
+    /// after a write failed in a way nothing here mends).
+    pub fn missing_grants(&self, deadline: &Deadline) -> Option<StorageError> {
+        let mut conn = self.conn_within(deadline).ok()?;
+        migrations::require_service_privileges(&mut conn, true).err()
     }
 
     /// Returns once everything committed before the call is on the

@@ -41,7 +41,15 @@ fn reads_that_cannot_answer_are_503_with_retry_after_and_corrupt_rows_500() {
         (
             ReadError::from(StorageError::PendingMigrations(vec!["m".to_owned()])),
             503,
-            "unavailable",
+            "migrations-pending",
+        ),
+        (
+            ReadError::from(StorageError::MissingGrants {
+                role: "svc".to_owned(),
+                missing: vec!["INSERT on receipt_log".to_owned()],
+            }),
+            503,
+            "missing-grants",
         ),
         (
             ReadError::Corrupt(Box::new(std::io::Error::other("bad json"))),

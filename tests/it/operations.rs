@@ -167,7 +167,14 @@ async fn readyz_is_503_with_a_pending_migration_and_200_after_migrate_run(db: Te
 
     migrations::revert_last(&mut app.conn()).expect("revert");
     let pending = send(&service, TestRequest::get().uri("/readyz")).await;
-    assert_eq!(pending.status, StatusCode::SERVICE_UNAVAILABLE);
+    // The reason named: which migration, and the command that applies it.
+    pending.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "migrations-pending");
+    let detail = pending.body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(crate::schema::LAST_MIGRATION)
+            && detail.contains("plan-intake migrate run"),
+        "{detail}"
+    );
     assert!(pending.header("retry-after").is_some());
     assert_eq!(
         send(&service, TestRequest::get().uri("/healthz"))

@@ -237,7 +237,10 @@ impl Cluster {
                 ));
             }
         }
-        told.push(format!("--- etcd:\n{}", tail(&self.dir.join("etcd.log"), 15)));
+        told.push(format!(
+            "--- etcd:\n{}",
+            tail(&self.dir.join("etcd.log"), 15)
+        ));
         told.join("\n")
     }
 

@@ -271,3 +271,78 @@ fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
     assert!(pruned.status.success(), "{}", stderr(&pruned));
     assert_eq!(stderr(&pruned), "deleted 1 idempotency keys");
 }
+
+/// An upgrade that adds tables, run by the owner while the service's role
+/// keeps the grants of the release before: the service is not ready and
+/// says why (`missing-grants`: each privilege it lacks, on which table, and
+/// the `migrate grants` line that gives them), a request that needs them
+/// says permission, not an unavailable database; once the grants are run
+/// again, it is ready.
+#[test]
+fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
+    let role = Role(format!("pi_upgrade_{:08x}", rand::random::<u32>()));
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    drop(db.open());
+    // The release before the receipt log: its last two migrations reverted.
+    for _ in 0..2 {
+        let reverted = run_cli(&db, &["migrate", "revert", "--yes"]);
+        assert!(reverted.status.success(), "{}", stderr(&reverted));
+    }
+    let mut admin = PgConnection::establish(&postgres_base_url()).expect("connect");
+    admin
+        .batch_execute(&format!("CREATE ROLE {0} LOGIN", role.0))
+        .expect("create the role");
+    // What that release printed: this one's grants but for the tables it
+    // did not have yet.
+    let old_grants: Vec<String> = stdout(&run_cli(&db, &["migrate", "grants", &role.0]))
+        .lines()
+        .filter(|grant| !grant.contains("receipt_log") && !grant.contains("signing_keys"))
+        .map(str::to_owned)
+        .collect();
+    admin
+        .batch_execute(&old_grants.join("\n"))
+        .expect("the old release's grants apply");
+    let upgraded = run_cli(&db, &["migrate", "run"]);
+    assert!(upgraded.status.success(), "{}", stderr(&upgraded));
+
+    let keys = tempfile::tempdir().expect("temp dir");
+    let key = crate::evidence::generate_key(keys.path(), "upgrade");
+    let as_role = db.url.replacen("postgres@", &format!("{}@", role.0), 1);
+    let service = ServeProcess::start_with(
+        &as_role,
+        &[
+            "--no-migrate",
+            "--signing-key",
+            key.to_str().expect("utf-8"),
+        ],
+    );
+    let agent = client();
+    let (status, ready) = get(&agent, &service.addr, "-", "/readyz");
+    assert_eq!(status, 503, "{ready}");
+    let detail = ready["detail"].as_str().unwrap_or_default();
+    assert!(
+        ready["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/missing-grants"))
+            && detail.contains("INSERT on receipt_log")
+            && detail.contains(&format!("plan-intake migrate grants {}", role.0)),
+        "{ready}"
+    );
+    let (status, keys_answer) = get(&agent, &service.addr, "-", "/v1/signing-keys");
+    assert_eq!(status, 503, "{keys_answer}");
+    assert!(
+        keys_answer["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("permission")),
+        "{keys_answer}"
+    );
+
+    let new_grants = run_cli(&db, &["migrate", "grants", &role.0]);
+    admin
+        .batch_execute(&stdout(&new_grants))
+        .expect("the new release's grants apply");
+    let (status, ready) = get(&agent, &service.addr, "-", "/readyz");
+    assert_eq!(status, 200, "{ready}");
+}
