@@ -30,6 +30,8 @@ pub struct Metrics {
     stranger_lookups: IntCounter,
     receipt_log_leaves: IntGauge,
     receipt_log_rounds_failed: IntCounter,
+    receipt_log_stuck: IntGauge,
+    receipt_log_lag: Gauge,
 }
 
 /// How a request with a token no login has shown lately was answered:
@@ -263,6 +265,14 @@ impl Metrics {
                 "plan_intake_receipt_log_rounds_failed_total",
                 "Append rounds of the receipt log that wrote nothing because of an error (logged); an inconsistent tree fails every round",
             ),
+            receipt_log_stuck: define.int_gauge(
+                "plan_intake_receipt_log_stuck",
+                "1 while this instance's receipt log appender cannot go on (an inconsistent or unreadable tree, a signing failure, or rounds failing for 30 s; /readyz names why), else 0",
+            ),
+            receipt_log_lag: define.gauge(
+                "plan_intake_receipt_log_lag_seconds",
+                "Seconds since the oldest receipt settled in the feed but not yet in the receipt log was received (0: the log holds every one); read by the appender after each round",
+            ),
             stranger_lookups: define.counter(
                 "plan_intake_stranger_lookups_total",
                 "Database lookups of tokens no login has shown lately (bounded per second)",
@@ -316,6 +326,14 @@ impl Metrics {
 
     pub fn receipt_log_round_failed(&self) {
         self.receipt_log_rounds_failed.inc();
+    }
+
+    pub fn set_receipt_log_stuck(&self, stuck: bool) {
+        self.receipt_log_stuck.set(i64::from(stuck));
+    }
+
+    pub fn set_receipt_log_lag(&self, seconds: f64) {
+        self.receipt_log_lag.set(seconds);
     }
 
     pub fn set_commits_blocked(&self, blocked: bool) {

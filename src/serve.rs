@@ -156,6 +156,12 @@ pub enum ServeError {
     },
     #[error("the server stopped with an error")]
     Server(#[source] std::io::Error),
+    /// The receipt log could never be appended to as things stand.
+    #[error("{0}")]
+    ReceiptLog(String),
+    /// The database is not set up for what the service was started to do.
+    #[error(transparent)]
+    NotSetUp(crate::intake::read::NotSetUp),
 }
 
 /// SQLite: the database file's absolute path (a relative default resolved
@@ -209,10 +215,34 @@ pub fn run(
                     tracing::warn!(%error, key = key.key_id(), "cannot publish this key yet");
                 }
             }
+            // What the appender could never get past is refused now: a
+            // checkpoint file of another log, a stored log that does not
+            // extend the checkpoint kept there.
+            let signed = match config.checkpoint_file.as_deref() {
+                Some(file) => {
+                    last_signed(file, &config.log_origin).map_err(ServeError::ReceiptLog)?
+                }
+                None => None,
+            };
+            if let Some(signed) = signed {
+                intake.check_receipt_log_extends(signed).map_err(|error| {
+                    ServeError::ReceiptLog(format!(
+                        "the receipt log in the database does not extend the checkpoint kept in {} ({}): restored to before it, or changed; `plan-intake audit` names what changed",
+                        config
+                            .checkpoint_file
+                            .as_deref()
+                            .map(|f| f.display().to_string())
+                            .unwrap_or_default(),
+                        crate::report::chain(error.as_ref())
+                    ))
+                })?;
+            }
+            keep_signing_key_recorded(intake.clone());
             keep_receipt_log_appended(
                 intake.clone(),
                 config.log_origin.clone(),
                 config.checkpoint_file.clone(),
+                signed,
             );
         }
         None => tracing::warn!(
@@ -220,13 +250,18 @@ pub fn run(
         ),
     }
     // Said once at start, where an operator looks; `/readyz` and the gauge
-    // keep saying it.
+    // keep saying it. Grants the role lacks for what it was started to do
+    // are refused at start (the service would sign receipts it cannot log,
+    // or fail every write); later, they make it not ready.
     match intake.readiness(&Deadline::after(http_config.request_timeout)) {
         Ok(readiness) => {
             if let Some(warning) = readiness.warning {
                 tracing::warn!("{warning}");
             }
         }
+        Err(crate::intake::ReadError::NotSetUp(
+            missing @ crate::intake::read::NotSetUp::MissingGrants { .. },
+        )) => return Err(ServeError::NotSetUp(missing)),
         Err(error) => tracing::warn!(%error, "not ready yet"),
     }
     // Every active login's token is familiar from the start, so that after
@@ -279,54 +314,94 @@ const APPEND_BREATHER: Duration = Duration::from_millis(20);
 /// How often this instance's key is recorded as in use.
 const KEY_USE_EVERY: Duration = Duration::from_secs(60);
 
+/// Records this instance's key as in use every minute, on a thread of its
+/// own: whatever the appender does (stuck, or busy with a long round), `GET
+/// /v1/signing-keys` tells when the key signed receipts.
+fn keep_signing_key_recorded(intake: Intake) {
+    let recorder = move || {
+        loop {
+            if let Err(error) = intake.record_key_use(&Deadline::after(Duration::from_secs(10))) {
+                tracing::warn!(%error, "cannot record the signing key's use");
+                std::thread::sleep(APPEND_EVERY);
+                continue;
+            }
+            std::thread::sleep(KEY_USE_EVERY);
+        }
+    };
+    if let Err(error) = std::thread::Builder::new()
+        .name("signing-key-use".to_owned())
+        .spawn(recorder)
+    {
+        tracing::error!(%error, "cannot start recording the signing key's use");
+    }
+}
+
+/// How long rounds may fail one after another (a database restarting, a
+/// failover) before the log counts as stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(30);
+
 /// Appends settled receipts to the log every second (again after a
 /// breather while it is behind), on a thread of its own: one round is one
 /// transaction, so the process may stop anywhere. Instances take turns
 /// (the state row's lock); a round that fails is logged and tried again.
-/// With `checkpoint_file`, the last checkpoint signed is kept there too,
-/// and read back at start: a database restored to before it (or a
-/// failover that lost it) is then never signed over.
-fn keep_receipt_log_appended(intake: Intake, origin: String, checkpoint_file: Option<PathBuf>) {
+/// The thread never ends while the service runs: what it cannot get past
+/// (a tree that does not extend what was signed, one that cannot be read,
+/// a signing failure, or rounds failing for `STUCK_AFTER`) makes the
+/// service not ready, with the reason, until a round succeeds again.
+/// After each round it measures the log's lag behind the feed. With
+/// `checkpoint_file`, the last checkpoint signed is kept there too (`signed`:
+/// the one read from it at start, checked then): a database restored to
+/// before it (or a failover that lost it) is then never signed over.
+fn keep_receipt_log_appended(
+    intake: Intake,
+    origin: String,
+    checkpoint_file: Option<PathBuf>,
+    mut signed: Option<(u64, tlog_tiles::Hash)>,
+) {
     let limit = APPEND_LIMIT;
+    let told = intake.clone();
     let appender = move || {
-        let mut signed = match checkpoint_file.as_deref().map(|f| last_signed(f, &origin)) {
-            None => None,
-            Some(Ok(found)) => found,
-            Some(Err(error)) => {
-                tracing::error!(%error, "the receipt log is not appended to");
-                return;
-            }
-        };
-        let mut key_used: Option<std::time::Instant> = None;
+        let mut failing_since: Option<std::time::Instant> = None;
         loop {
-            if key_used.is_none_or(|at| at.elapsed() >= KEY_USE_EVERY) {
-                match intake.record_key_use(&Deadline::after(Duration::from_secs(10))) {
-                    Ok(()) => key_used = Some(std::time::Instant::now()),
-                    Err(error) => tracing::warn!(%error, "cannot record the signing key's use"),
-                }
-            }
             let behind = match intake.append_receipts(&origin, limit, signed) {
-                Ok(Some(appended)) => {
-                    if let Some((size, root)) = appended.checkpoint {
-                        signed = Some((size, root));
-                        intake.metrics.set_receipt_log_size(size);
-                        if let (Some(file), Ok(Some(note))) = (
-                            checkpoint_file.as_deref(),
-                            intake.checkpoint(&Deadline::after(Duration::from_secs(10))),
-                        ) && let Err(error) = keep_checkpoint(file, &note)
-                        {
-                            tracing::error!(%error, file = %file.display(), "cannot keep the checkpoint signed");
-                        }
+                Ok(appended) => {
+                    if failing_since.take().is_some() {
+                        tracing::info!("the receipt log is appended to again");
                     }
-                    appended.to - appended.from == limit as u64
+                    intake.set_receipt_log_stuck(None);
+                    match appended {
+                        Some(appended) => {
+                            if let Some((size, root)) = appended.checkpoint {
+                                signed = Some((size, root));
+                                intake.metrics.set_receipt_log_size(size);
+                                if let (Some(file), Ok(Some(note))) = (
+                                    checkpoint_file.as_deref(),
+                                    intake.checkpoint(&Deadline::after(Duration::from_secs(10))),
+                                ) && let Err(error) = keep_checkpoint(file, &note)
+                                {
+                                    tracing::error!(%error, file = %file.display(), "cannot keep the checkpoint signed");
+                                }
+                            }
+                            appended.to - appended.from == limit as u64
+                        }
+                        None => false,
+                    }
                 }
-                Ok(None) => false,
                 Err(error) => {
                     intake.metrics.receipt_log_round_failed();
-                    tracing::error!(error = %crate::report::chain(error.as_ref()), "the receipt log was not appended to");
+                    let reason = crate::report::chain(error.as_ref());
+                    tracing::error!(error = %reason, "the receipt log was not appended to");
+                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                    if cannot_get_past(error.as_ref()) || since.elapsed() >= STUCK_AFTER {
+                        intake.set_receipt_log_stuck(Some(reason));
+                    }
                     false
                 }
             };
+            match intake.receipt_log_lag(&Deadline::after(Duration::from_secs(10))) {
+                Ok(lag) => intake.metrics.set_receipt_log_lag(lag),
+                Err(error) => tracing::debug!(%error, "the receipt log's lag not measured"),
+            }
             std::thread::sleep(if behind {
                 APPEND_BREATHER
             } else {
@@ -339,7 +414,18 @@ fn keep_receipt_log_appended(intake: Intake, origin: String, checkpoint_file: Op
         .spawn(appender)
     {
         tracing::error!(%error, "cannot start the receipt log's appender");
+        told.set_receipt_log_stuck(Some(format!("its thread could not start: {error}")));
     }
+}
+
+/// A round's failure no retry mends: the tree as stored does not extend
+/// what was signed, cannot be read, or a checkpoint cannot be signed.
+fn cannot_get_past(error: &(dyn std::error::Error + 'static)) -> bool {
+    use crate::storage::receipt_log::AppendError;
+    matches!(
+        error.downcast_ref::<AppendError>(),
+        Some(AppendError::Inconsistent { .. } | AppendError::Tree(_) | AppendError::Signing(_))
+    )
 }
 
 /// The size and root of the checkpoint kept in `file`, if there is one yet.

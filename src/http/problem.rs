@@ -180,6 +180,7 @@ pub(crate) fn not_set_up(error: &NotSetUp) -> &'static str {
     match error {
         NotSetUp::MigrationsPending(_) => "migrations-pending",
         NotSetUp::MissingGrants { .. } => "missing-grants",
+        NotSetUp::ReceiptLogStuck(_) => "receipt-log-stuck",
     }
 }
 
@@ -235,6 +236,9 @@ impl ApiError {
             ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
             ApiError::NotSetUp(NotSetUp::MigrationsPending(_)) => {
                 "the service's database has migrations pending: an operator must run `plan-intake migrate run`; retry later with the same Idempotency-Key".to_owned()
+            }
+            ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_)) => {
+                "the receipt log is not appended to; an operator must look".to_owned()
             }
             ApiError::NotSetUp(_) => {
                 "permission denied: the service's database role lacks grants it needs, and an operator must run `plan-intake migrate grants ROLE`; retry later with the same Idempotency-Key".to_owned()

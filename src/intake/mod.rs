@@ -62,6 +62,9 @@ pub struct Intake {
     /// The key new receipts and checkpoints are signed with; `None`: the
     /// service signs nothing and keeps no log.
     signing: Option<std::sync::Arc<signing::SigningKey>>,
+    /// Why the receipt log's appender cannot go on, while it cannot (set by
+    /// the appender; `/readyz` tells it).
+    log_stuck: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Intake {
@@ -82,6 +85,7 @@ impl Intake {
             known: std::sync::Arc::default(),
             strangers: std::sync::Arc::default(),
             signing: None,
+            log_stuck: std::sync::Arc::default(),
         }
     }
 
@@ -381,6 +385,49 @@ impl Intake {
         )?)
     }
 
+    /// Whether the log as stored extends the checkpoint of `signed` leaves
+    /// and root kept outside the database (checked before the appender
+    /// starts: a database restored to before it is never signed over).
+    pub fn check_receipt_log_extends(
+        &self,
+        signed: (u64, tlog_tiles::Hash),
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let mut conn = self.db.conn()?;
+        Ok(crate::storage::receipt_log::check_extends(
+            &mut conn, signed,
+        )?)
+    }
+
+    /// Seconds the oldest receipt settled in the feed but not in the log has
+    /// waited since it was received (0: the log holds every one).
+    pub fn receipt_log_lag(&self, deadline: &Deadline) -> Result<f64, ReadError> {
+        let oldest = self
+            .db
+            .read(deadline, crate::storage::receipt_log::oldest_unlogged)?;
+        Ok(oldest.map_or(0.0, |received| {
+            let waited = crate::clock::now_micros() - received;
+            waited.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+        }))
+    }
+
+    /// The appender says why it cannot go on (`None`: it goes on again):
+    /// `/readyz` answers 503 `receipt-log-stuck` with the reason meanwhile,
+    /// and the gauge `plan_intake_receipt_log_stuck` is 1.
+    pub fn set_receipt_log_stuck(&self, reason: Option<String>) {
+        self.metrics.set_receipt_log_stuck(reason.is_some());
+        *self
+            .log_stuck
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    fn receipt_log_stuck(&self) -> Option<String> {
+        self.log_stuck
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Records that this instance's key signs now (`GET /v1/signing-keys`
     /// tells when each key was in use).
     pub fn record_key_use(&self, deadline: &Deadline) -> Result<(), ReadError> {
@@ -511,6 +558,9 @@ impl Intake {
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         self.metrics.set_commits_blocked(readiness.commits_blocked);
+        if let Some(reason) = self.receipt_log_stuck() {
+            return Err(ReadError::NotSetUp(read::NotSetUp::ReceiptLogStuck(reason)));
+        }
         Ok(readiness)
     }
 

@@ -59,6 +59,11 @@ pub enum NotSetUp {
         .missing.join(", ")
     )]
     MissingGrants { role: String, missing: Vec<String> },
+    /// The receipt log's appender cannot go on (set by the appender).
+    #[error(
+        "the receipt log is not appended to: {0}; receipts are still signed and kept, and join the log once this is mended (docs/OPERATIONS.md, PlanIntakeReceiptLogStuck)"
+    )]
+    ReceiptLogStuck(String),
 }
 
 impl From<CorruptRow> for ReadError {

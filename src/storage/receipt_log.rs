@@ -327,6 +327,37 @@ fn extends(
     tlog_tiles::check_tree(&proof, size, root, signed, signed_root).map_err(|_| inconsistent)
 }
 
+/// Whether the log as stored extends the checkpoint of `signed` leaves and
+/// root (one kept outside the database): read, nothing written. A
+/// database restored to before it, or a log that forked from it, does not.
+pub fn check_extends(conn: &mut DbConn, signed: (u64, Hash)) -> Result<(), AppendError> {
+    let size: i64 = with_conn!(conn, c => receipt_log_state::table
+        .filter(receipt_log_state::id.eq(1))
+        .select(receipt_log_state::tree_size)
+        .first(c))?;
+    let size = u64::try_from(size).unwrap_or(0);
+    let tree = StoredHashes::new(conn);
+    let root = tlog_tiles::tree_hash(size, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+    extends(&tree, size, root, signed.0, signed.1)
+}
+
+/// When the oldest receipt settled in the feed but not yet in the log was
+/// received (`None`: the log holds every settled receipt).
+pub fn oldest_unlogged(conn: &mut DbConn) -> QueryResult<Option<NaiveDateTime>> {
+    let state: StateRow = with_conn!(conn, c => receipt_log_state::table
+        .filter(receipt_log_state::id.eq(1))
+        .select(StateRow::as_select())
+        .first(c))?;
+    let after = FeedPosition {
+        xid: state.after_feed_xid,
+        id: state.after_plan_id,
+    };
+    Ok(match feed_page(conn, after, 1, false)?.0 {
+        PageRows::Receipts(rows) => rows.first().map(|(_, row)| row.received_at),
+        PageRows::Plans(rows) => rows.first().map(|(_, row)| row.received_at),
+    })
+}
+
 /// The newest checkpoint signed, if any.
 pub fn latest_checkpoint(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
     with_conn!(conn, c => receipt_log_checkpoints::table

@@ -542,7 +542,8 @@ fn with_json_logs_every_stderr_line_is_one_json_object() {
     let request = dir.path().join("plan.json");
     std::fs::write(&request, crate::support::plan_body("run-json", "x")).expect("a request");
     let nothing_listens = format!("http://127.0.0.1:{}", crate::support::process::free_port());
-    let runs: [(&[&str], &[(&str, &str)]); 4] = [
+    type Run<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+    let runs: [Run; 4] = [
         (&["migrate", "run"], &[]),
         (
             &["logins", "add", "planner-a", "--permission", "plans:submit"],

@@ -26,6 +26,7 @@ mod pg_batch;
 mod pooler;
 mod privilege;
 mod processes;
+mod receipt_log;
 mod restart;
 mod retention;
 mod schema;

@@ -273,11 +273,12 @@ fn keys_prune_runs_as_a_role_with_the_pruner_grant() {
 }
 
 /// An upgrade that adds tables, run by the owner while the service's role
-/// keeps the grants of the release before: the service is not ready and
-/// says why (`missing-grants`: each privilege it lacks, on which table, and
-/// the `migrate grants` line that gives them), a request that needs them
-/// says permission, not an unavailable database; once the grants are run
-/// again, it is ready.
+/// keeps the grants of the release before: the service refuses to start,
+/// naming each privilege it lacks, on which table, and the `migrate
+/// grants` line that gives them. Once they are given it starts; a grant
+/// taken back under the live service makes it not ready (503
+/// `missing-grants`, the same words), and a request that needs it says
+/// permission, not an unavailable database; given back, it is ready again.
 #[test]
 fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
     let role = Role(format!("pi_upgrade_{:08x}", rand::random::<u32>()));
@@ -310,15 +311,35 @@ fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
     let keys = tempfile::tempdir().expect("temp dir");
     let key = crate::evidence::generate_key(keys.path(), "upgrade");
     let as_role = db.url.replacen("postgres@", &format!("{}@", role.0), 1);
-    let service = ServeProcess::start_with(
+    let serve_args = [
+        "--no-migrate",
+        "--signing-key",
+        key.to_str().expect("utf-8"),
+    ];
+    let refused = run_cli_at(
         &as_role,
-        &[
-            "--no-migrate",
-            "--signing-key",
-            key.to_str().expect("utf-8"),
-        ],
+        &[&["serve", "--bind", "127.0.0.1:0"][..], &serve_args[..]].concat(),
     );
+    let said = stderr(&refused);
+    assert!(!refused.status.success(), "it started: {said}");
+    assert!(
+        said.contains("INSERT on receipt_log")
+            && said.contains(&format!("plan-intake migrate grants {}", role.0)),
+        "{said}"
+    );
+
+    let grants = stdout(&run_cli(&db, &["migrate", "grants", &role.0]));
+    admin
+        .batch_execute(&grants)
+        .expect("the new release's grants apply");
+    let service = ServeProcess::start_with(&as_role, &serve_args);
     let agent = client();
+    assert_eq!(get(&agent, &service.addr, "-", "/readyz").0, 200);
+
+    let table = format!("{}.signing_keys", db.schema.clone().expect("schema"));
+    admin
+        .batch_execute(&format!("REVOKE SELECT ON TABLE {table} FROM {}", role.0))
+        .expect("revoke");
     let (status, ready) = get(&agent, &service.addr, "-", "/readyz");
     assert_eq!(status, 503, "{ready}");
     let detail = ready["detail"].as_str().unwrap_or_default();
@@ -326,7 +347,7 @@ fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
         ready["type"]
             .as_str()
             .is_some_and(|t| t.ends_with("/missing-grants"))
-            && detail.contains("INSERT on receipt_log")
+            && detail.contains("SELECT on signing_keys")
             && detail.contains(&format!("plan-intake migrate grants {}", role.0)),
         "{ready}"
     );
@@ -338,11 +359,7 @@ fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
             .is_some_and(|d| d.contains("permission")),
         "{keys_answer}"
     );
-
-    let new_grants = run_cli(&db, &["migrate", "grants", &role.0]);
-    admin
-        .batch_execute(&stdout(&new_grants))
-        .expect("the new release's grants apply");
+    admin.batch_execute(&grants).expect("the grants again");
     let (status, ready) = get(&agent, &service.addr, "-", "/readyz");
     assert_eq!(status, 200, "{ready}");
 }

@@ -1,0 +1,174 @@
+//! The receipt log is kept, or the service says so: what the appender
+//! could never get past refuses the start; what arises later makes the
+//! service not ready (503 `receipt-log-stuck`, the gauge at 1) until a
+//! round succeeds again; the log's lag behind the feed is exported; the
+//! signing key's use is recorded whatever the appender does.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::evidence::generate_key;
+use crate::support::process::{BIN, ServeProcess, client, login_via_cli, post_plan};
+use crate::support::{TestDb, execute_batch, plan_body, scalar};
+
+fn arg(path: &std::path::Path) -> &str {
+    path.to_str().expect("a utf-8 path")
+}
+
+/// A metric's value as the service's `/metrics` shows it.
+fn metric(service: &ServeProcess, name: &str) -> Option<f64> {
+    service
+        .metrics_text()
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// `/readyz`: the status and the body.
+fn readyz(service: &ServeProcess) -> (u16, serde_json::Value) {
+    let response = match client()
+        .get(&format!("http://{}/readyz", service.addr))
+        .call()
+    {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("GET /readyz: {e}"),
+    };
+    let status = response.status();
+    let body = response
+        .into_string()
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[track_caller]
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(30), "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn submit(service: &ServeProcess, token: &str, prefix: &str, count: usize) {
+    let agent = client();
+    for i in 0..count {
+        let run = format!("{prefix}-{i}");
+        let (status, body) =
+            post_plan(&agent, &service.addr, token, &run, &plan_body(&run, &run)).expect("answer");
+        assert_eq!(status, 201, "{body}");
+    }
+}
+
+/// A checkpoint file that holds another log's checkpoint (the runbook's
+/// "new log under a new origin" with the old file kept): `serve` refuses
+/// to start, naming the file and both origins, instead of signing
+/// receipts it would never log.
+fn a_checkpoint_file_of_another_log_refuses_the_start(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let kept = dir.path().join("last.checkpoint");
+    let args = ["--signing-key", arg(&key), "--checkpoint-file", arg(&kept)];
+    let service = ServeProcess::start_with(&db.url, &args);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service, &token, "first", 2);
+    wait_for("the checkpoint kept in the file", || {
+        std::fs::read_to_string(&kept).is_ok_and(|note| note.contains("\n2\n"))
+    });
+    service.terminate();
+
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--log-origin",
+            "example.com/another-log",
+        ])
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("PLAN_INTAKE_LOG", "warn")
+        .output()
+        .expect("run serve");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {said}");
+    assert!(
+        said.contains(&kept.display().to_string()) && said.contains("example.com/another-log"),
+        "{said}"
+    );
+}
+
+/// A log that stops extending what was signed (its stored hashes changed
+/// under the service): the service goes on taking and signing plans, but
+/// is not ready, says why, sets the gauge, exports the log's lag, and keeps
+/// recording its key's use; once the hashes are mended, the next round
+/// appends and it is ready again.
+fn a_log_that_cannot_be_appended_to_makes_the_service_not_ready(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = ServeProcess::start_with(&db.url, &["--signing-key", arg(&key)]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service, &token, "logged", 3);
+    let database = db.open();
+    let mut conn = database.conn().expect("a connection");
+    wait_for("three leaves logged", || {
+        scalar(&mut conn, "SELECT COUNT(*) AS n FROM receipt_log") == 3
+    });
+    assert_eq!(readyz(&service).0, 200);
+    assert_eq!(metric(&service, "plan_intake_receipt_log_stuck"), Some(0.0));
+
+    // The stored hashes changed (kept aside first): no new tree extends
+    // the one signed.
+    execute_batch(
+        &mut conn,
+        "CREATE TABLE kept_hashes AS SELECT * FROM receipt_log_hashes;
+         UPDATE receipt_log_hashes SET hash = receipt_log_checkpoints.root_hash
+           FROM receipt_log_checkpoints;",
+    );
+    submit(&service, &token, "unlogged", 1);
+    wait_for("/readyz saying the log is stuck", || {
+        let (status, body) = readyz(&service);
+        status == 503
+            && body["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/receipt-log-stuck"))
+            && body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("is not an extension of the checkpoint"))
+    });
+    assert_eq!(metric(&service, "plan_intake_receipt_log_stuck"), Some(1.0));
+    wait_for("the lag of the unlogged receipt exported", || {
+        metric(&service, "plan_intake_receipt_log_lag_seconds").is_some_and(|lag| lag > 0.0)
+    });
+    // Plans are still taken and signed meanwhile, and the key's use kept.
+    submit(&service, &token, "meanwhile", 1);
+    assert_eq!(
+        scalar(&mut conn, "SELECT COUNT(*) AS n FROM signing_keys"),
+        1,
+        "the key's use is recorded by a thread of its own"
+    );
+
+    execute_batch(
+        &mut conn,
+        "DELETE FROM receipt_log_hashes;
+         INSERT INTO receipt_log_hashes SELECT * FROM kept_hashes;
+         DROP TABLE kept_hashes;",
+    );
+    wait_for("ready again once the log is mended", || {
+        readyz(&service).0 == 200
+    });
+    wait_for("every receipt logged", || {
+        scalar(&mut conn, "SELECT COUNT(*) AS n FROM receipt_log") == 5
+    });
+    assert_eq!(metric(&service, "plan_intake_receipt_log_stuck"), Some(0.0));
+    wait_for("no lag once every receipt is logged", || {
+        metric(&service, "plan_intake_receipt_log_lag_seconds") == Some(0.0)
+    });
+}
+
+crate::on_both_backends_sync!(
+    a_checkpoint_file_of_another_log_refuses_the_start,
+    a_log_that_cannot_be_appended_to_makes_the_service_not_ready,
+);
