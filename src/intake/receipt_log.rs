@@ -263,6 +263,9 @@ pub fn audit(
 
     // Each plan: its hashes from its content, its receipt's signature.
     let mut by_receipt: HashMap<&str, (usize, Vec<u8>)> = HashMap::new();
+    // Which plans carry a signature a trusted key made, and which none.
+    let mut signed_by_a_key = vec![false; data.plans.len()];
+    let mut unsigned_places = Vec::new();
     for (place, (_, row)) in data.plans.iter().enumerate() {
         let hashes = hashes_of_stored(&row.approved_inputs, &row.content, &row.run_id);
         if hashes.content_hash != row.content_hash {
@@ -279,8 +282,11 @@ pub fn audit(
         match Receipt::from_row(&row.receipt_row(), None) {
             Ok(receipt) => {
                 match verify_receipt(&receipt, keys) {
-                    Ok(()) => {}
-                    Err(BadSignature::Unsigned) => report.unsigned += 1,
+                    Ok(()) => signed_by_a_key[place] = true,
+                    Err(BadSignature::Unsigned) => {
+                        report.unsigned += 1;
+                        unsigned_places.push(place);
+                    }
                     Err(bad) => findings.push(format!("receipt {}: {bad}", row.receipt_id)),
                 }
                 match signed_form(&receipt) {
@@ -292,6 +298,48 @@ pub fn audit(
             }
             Err(corrupt) => findings.push(format!("receipt {}: {corrupt}", row.receipt_id)),
         }
+    }
+
+    // Unsigned rows come only from a deployment that signs nothing: one
+    // received while a key was in use (between its first and last recorded
+    // use), or standing in the feed between receipts a key signed, lost its
+    // signature (an edit that also dropped it, before or after the log took
+    // it) or was written around the service.
+    let signed_places = signed_by_a_key.iter().enumerate().filter(|(_, s)| **s);
+    let (first_signed, last_signed) = {
+        let places: Vec<usize> = signed_places.map(|(place, _)| place).collect();
+        (places.first().copied(), places.last().copied())
+    };
+    let mut unsigned_findings = Vec::new();
+    for &place in &unsigned_places {
+        let row = &data.plans[place].1;
+        let signing_then = data
+            .keys
+            .iter()
+            .find(|(_, _, first, last)| (*first..=*last).contains(&row.received_at));
+        let between_signed = first_signed.is_some_and(|first| first < place)
+            && last_signed.is_some_and(|last| place < last);
+        if let Some((key_id, _, first, last)) = signing_then {
+            unsigned_findings.push(format!(
+                "plan {}: carries no signature, but was received ({}) while key {key_id} was signing ({} to {}): its signature was removed, or it was written around the service (or by an instance started without a key)",
+                row.receipt_id,
+                super::receipt::format_timestamp(&row.received_at),
+                super::receipt::format_timestamp(first),
+                super::receipt::format_timestamp(last)
+            ));
+        } else if between_signed {
+            unsigned_findings.push(format!(
+                "plan {}: carries no signature, but stands in the feed between receipts a key signed: its signature was removed (and its time changed), or it was written around the service (or by an instance started without a key)",
+                row.receipt_id
+            ));
+        }
+    }
+    let more = unsigned_findings.len().saturating_sub(FINDINGS_OF_A_KIND);
+    findings.extend(unsigned_findings.into_iter().take(FINDINGS_OF_A_KIND));
+    if more > 0 {
+        findings.push(format!(
+            "… and {more} more plans without a signature where one was due"
+        ));
     }
 
     // Each leaf: its receipt still there, unchanged, in feed order.
@@ -335,11 +383,19 @@ pub fn audit(
     let logged: std::collections::HashSet<&str> =
         data.leaves.iter().map(|l| l.receipt_id.as_str()).collect();
     let to = data.logged_to;
-    for (xid, row) in &data.plans {
+    for (place, (xid, row)) in data.plans.iter().enumerate() {
         if (*xid, row.id) <= (to.xid, to.id) && !logged.contains(row.receipt_id.as_str()) {
+            // A receipt the service signed was written through it: the log
+            // passed its position before it committed (a skipped position,
+            // a bug to report). Anything else is likelier a write around it.
+            let likelier = if signed_by_a_key[place] {
+                "a skipped position is likelier: a trusted key signed it, so the service wrote it, and the log passed its place in the feed before it committed (a bug: report it)"
+            } else {
+                "a write around the service is likelier: no trusted key signed it"
+            };
             findings.push(format!(
-                "plan {}: in the feed before the log's end but not in the log (written around the service?)",
-                row.receipt_id
+                "plan {} (feed position {}/{}): in the feed before the log's end but not in the log; {likelier}",
+                row.receipt_id, xid, row.id
             ));
         }
     }

@@ -22,6 +22,7 @@ on_both_backends_sync!(
     two_instances_appending_under_load_leave_one_consistent_tree,
     a_kill_9_mid_append_resumes_without_a_fork,
     without_a_key_receipts_are_unsigned_and_no_log_is_kept,
+    audit_names_an_unsigned_edit_and_receipts_the_log_passed,
 );
 
 /// `signing-keys generate --out DIR/NAME`: the private key's path.
@@ -658,6 +659,101 @@ fn a_restored_database_is_never_signed_over_with_a_checkpoint_file() {
     assert_eq!(code, 65, "{said}");
     assert!(
         said.contains("two different trees of 5 leaves signed"),
+        "{said}"
+    );
+}
+
+/// The gaps an audit must see. A signed plan edited before the log took it
+/// (its permissions changed and its signature removed, while the appender
+/// was held back): the log holds the edit, so only the missing signature
+/// tells, and a plan received while a key was signing must carry one. A
+/// signed plan placed behind the log's end, never logged (a skipped
+/// position: the likelier cause, since the service signed it), and an
+/// unsigned one written there by hand (a write around the service is
+/// likelier): each named with its place and its likelier cause.
+fn audit_names_an_unsigned_edit_and_receipts_the_log_passed(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &token, "logged", 2);
+    checkpoint_of_at_least(&service.addr, 2);
+    let keys = signing_keys_file(&service.addr, dir.path());
+    service.terminate();
+
+    // Two more plans, signed, whose round is held before its COMMIT and
+    // killed there: neither is logged.
+    let stalled = ServeProcess::start_env(
+        &db.url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(&key)],
+        &[("PLAN_INTAKE_TEST_STALL_APPEND", "3")],
+    );
+    let held = submit(&stalled.addr, &token, "held", 2);
+    let start = Instant::now();
+    while !stalled.said("written, not committed") {
+        assert!(start.elapsed() < Duration::from_secs(30), "no stall");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stalled.kill_9();
+    let id = |receipt: &Value| receipt["receipt_id"].as_str().expect("an id").to_owned();
+    let (edited, skipped) = (id(&held[0]), id(&held[1]));
+    // Behind the log's end: Postgres orders the feed by feed_xid, SQLite by
+    // id (its key row follows it).
+    let behind = |receipt: &str, to: i64| match db.backend {
+        plan_intake::storage::Backend::Postgres => {
+            format!("UPDATE plans SET feed_xid = {to} WHERE receipt_id = '{receipt}';")
+        }
+        plan_intake::storage::Backend::Sqlite => format!(
+            "PRAGMA foreign_keys = OFF;
+             UPDATE intake_keys SET plan_id = {to}
+              WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{receipt}');
+             UPDATE plans SET id = {to} WHERE receipt_id = '{receipt}';"
+        ),
+    };
+    tamper(
+        &db,
+        &format!(
+            "UPDATE plans SET receipt_signature = NULL,
+                              permissions = '[\"plans:submit\",\"receipts:read\"]'
+              WHERE receipt_id = '{edited}';
+             {}
+             {};
+             {}",
+            behind(&skipped, -1),
+            crate::support::hand_written_plan_sql(
+                "rcpt_by_hand",
+                "planner-a",
+                "'by-hand'",
+                "blake3:by-hand"
+            ),
+            behind("rcpt_by_hand", -2),
+        ),
+    );
+    // The next appender logs the edited plan as it now stands.
+    let service = serve_signed(&db.url, &[&key]);
+    checkpoint_of_at_least(&service.addr, 3);
+    service.terminate();
+
+    let (code, said) = audit(&db.url, &keys, &[]);
+    assert_eq!(code, 65, "{said}");
+    let line = |receipt: &str| {
+        said.lines()
+            .find(|l| l.contains(receipt) && l.contains("not in the log"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&edited) && l.contains("carries no signature")),
+        "the unsigned edit: {said}"
+    );
+    assert!(
+        line(&skipped).contains("a skipped position is likelier"),
+        "{said}"
+    );
+    assert!(
+        line("rcpt_by_hand").contains("a write around the service is likelier"),
         "{said}"
     );
 }
