@@ -27,9 +27,9 @@ pub struct SubmitArgs {
         humantime::format_duration(client::MAX_RETRY_DELAY)
     ), default_value_t = plan_intake::config::millis(SubmitOptions::default().retry_base), value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub retry_base_ms: u64,
-    /// Attempts in all, the first included
-    #[arg(long, default_value_t = SubmitOptions::default().max_attempts, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub max_attempts: u32,
+    /// At most this many attempts, the first included (default: as many as --timeout-secs allows)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_attempts: Option<u32>,
     /// Seconds for the whole call, every attempt and wait included
     #[arg(long, default_value_t = SubmitOptions::default().timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..=SubmitOptions::MAX_TIMEOUT.as_secs()))]
     pub timeout_secs: u64,

@@ -94,10 +94,7 @@ fn bad_input_is_one_line_and_a_non_zero_exit(db: TestDb) {
 }
 
 fn serve_no_migrate_refuses_a_database_with_pending_migrations(db: TestDb) {
-    if let Some(path) = db.url.strip_prefix("sqlite://") {
-        // An empty file is a SQLite database with every migration pending.
-        std::fs::File::create(path).expect("an empty database file");
-    }
+    db.create_empty();
     let out = plan_intake(&db, &["serve", "--no-migrate", "--bind", "127.0.0.1:0"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -65,6 +65,7 @@ fn objects(db: &TestDb) -> Vec<String> {
 }
 
 fn migrate_print_shows_the_sql_and_changes_nothing(db: TestDb) {
+    db.create_empty();
     let before = objects(&db);
     let out = plan_intake(&db, &["migrate", "print"]);
     assert!(succeeded(&out));

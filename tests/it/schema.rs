@@ -54,7 +54,7 @@ async fn the_table_refuses_a_blank_run_written_around_the_service(db: TestDb) {
 
 async fn migrations_run_from_empty_in_order(db: TestDb) {
     let backend = db.backend;
-    let database = db.open_with(MigrateOnOpen::Skip);
+    let database = db.open_with(MigrateOnOpen::Create);
     let mut conn = database.conn().expect("connection");
     let source = match backend {
         Backend::Postgres => migrations::POSTGRES,
@@ -72,7 +72,7 @@ async fn migrations_run_from_empty_in_order(db: TestDb) {
 /// broken pair is named.
 async fn each_migration_reverts_to_the_schema_before_it(db: TestDb) {
     use diesel_migrations::MigrationHarness;
-    let database = db.open_with(MigrateOnOpen::Skip);
+    let database = db.open_with(MigrateOnOpen::Create);
     let mut conn = database.conn().expect("connection");
     let step = |conn: &mut DbConn, up: bool, name: &str| -> String {
         let done = match (&mut *conn, up) {

@@ -728,3 +728,151 @@ fn an_explicit_key_is_sent_as_typed() {
     assert_eq!(refused.status.code(), Some(2));
     stage.app.assert_rows(3, 3);
 }
+
+/// `submit`'s retries are bounded by its time (`--timeout-secs`), not by a
+/// count that runs out in seconds: against a port where nothing listens it
+/// keeps trying, well past 8 attempts, until its time is nearly up; an
+/// attempt count is a cap only when given. A TLS handshake against a
+/// plain-HTTP port is no temporary failure: one attempt, one clear line.
+#[test]
+fn submit_retries_for_its_time_and_not_against_the_wrong_scheme() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = request_file(&dir, "run-bounded");
+    let nothing = format!("http://127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let out = tool(
+        &[
+            "submit",
+            file.to_str().expect("path"),
+            "--timeout-secs",
+            "3",
+            "--retry-base-ms",
+            "10",
+        ],
+        &nothing,
+        "pit_0",
+    )
+    .output()
+    .expect("submit");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{said}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gave up after {:?}: {said}",
+        started.elapsed()
+    );
+    let attempts: u32 = said
+        .split("gave up after ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(attempts > 8, "{attempts} attempts: {said}");
+    let capped = tool(
+        &[
+            "submit",
+            file.to_str().expect("path"),
+            "--max-attempts",
+            "2",
+            "--retry-base-ms",
+            "1",
+        ],
+        &nothing,
+        "pit_0",
+    )
+    .output()
+    .expect("submit");
+    assert!(
+        String::from_utf8_lossy(&capped.stderr).contains("gave up after 2 attempt(s)"),
+        "{}",
+        String::from_utf8_lossy(&capped.stderr)
+    );
+
+    let stage = Stage::new(TestDb::sqlite());
+    let out = tool(
+        &["submit", file.to_str().expect("path")],
+        &format!("https://{}", stage.server.addr),
+        &stage.planner,
+    )
+    .output()
+    .expect("submit");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("TLS handshake failed"), "{said}");
+    assert!(!said.contains("retrying"), "not retried: {said}");
+}
+
+/// `follow --exec CMD` hands CMD the page's facts (how many receipts, the
+/// first and last receipt id, the cursor read after and the one saved
+/// once it exits 0) and never the reader's token; a cursor file that holds
+/// no cursor is named, with what to do.
+#[test]
+fn follow_tells_its_command_the_page_and_never_the_token() {
+    let stage = Stage::new(TestDb::sqlite());
+    let (server, planner, reader) = (&stage.server, &stage.planner, &stage.reader);
+    let base = format!("http://{}", server.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cursor = dir.path().join("orders.cursor");
+    post_many(&server.addr, planner, "run", 3)
+        .join()
+        .expect("3 plans");
+    let script = format!(
+        "cat > /dev/null; env | grep '^PLAN_INTAKE_' | sort > {}",
+        dir.path().join("env").display()
+    );
+    let out = tool(
+        &[
+            "follow",
+            "--cursor-file",
+            cursor.to_str().expect("path"),
+            "--from-start",
+            "--drain",
+            "--exec",
+            &script,
+        ],
+        &base,
+        reader,
+    )
+    .output()
+    .expect("follow --exec");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(dir.path().join("env")).expect("CMD's environment");
+    assert!(
+        !env.contains("PLAN_INTAKE_TOKEN") && !env.contains(reader.as_str()),
+        "{env}"
+    );
+    let feed = feed_order(&server.addr, reader);
+    let saved = std::fs::read_to_string(&cursor).expect("the cursor saved");
+    for expected in [
+        "PLAN_INTAKE_PAGE_RECEIPTS=3".to_owned(),
+        format!("PLAN_INTAKE_PAGE_FIRST={}", feed[0]),
+        format!("PLAN_INTAKE_PAGE_LAST={}", feed[2]),
+        "PLAN_INTAKE_PAGE_AFTER=\n".to_owned(),
+        format!("PLAN_INTAKE_PAGE_NEXT={}", saved.trim()),
+    ] {
+        assert!(env.contains(&expected), "{expected}: {env}");
+    }
+
+    std::fs::write(&cursor, "not-a-cursor\n").expect("a cursor file that holds none");
+    let out = tool(
+        &[
+            "follow",
+            "--cursor-file",
+            cursor.to_str().expect("path"),
+            "--drain",
+        ],
+        &base,
+        reader,
+    )
+    .output()
+    .expect("follow");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{said}");
+    assert!(
+        said.contains(&cursor.display().to_string()) && said.contains("remove it"),
+        "{said}"
+    );
+}

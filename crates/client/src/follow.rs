@@ -172,7 +172,7 @@ pub fn follow(
             }
             continue;
         }
-        if !run.hand_on(&page.receipts, out)? {
+        if !run.hand_on(&page, cursor.as_ref(), out)? {
             return Ok(done);
         }
         save_cursor(&options.cursor_file, &page.next)?;
@@ -246,6 +246,11 @@ impl Run<'_> {
             };
             let (why, retry_after) = match exchange {
                 Exchange::NoAnswer(why) => (format!("no answer: {why}"), None),
+                Exchange::Unreachable(why) => {
+                    return Err(FollowError::Unexpected(format!(
+                        "cannot reach the service: {why}"
+                    )));
+                }
                 Exchange::Answer(answer) => match answer.status {
                     200 => {
                         return serde_json::from_str::<Page>(&answer.body)
@@ -262,7 +267,15 @@ impl Run<'_> {
                             self.options.cursor_file.display(),
                         )));
                     }
-                    400 => return Err(FollowError::BadCursor(answer.summary())),
+                    // The options were checked before anything was sent:
+                    // what the service refuses is the cursor.
+                    400 => {
+                        return Err(FollowError::BadCursor(format!(
+                            "cursor file {} holds no cursor the service reads ({}): remove it to start at the feed's current end, or remove it and pass --from-start to read the whole feed",
+                            self.options.cursor_file.display(),
+                            answer.summary()
+                        )));
+                    }
                     401 | 403 => return Err(FollowError::Denied(answer.summary())),
                     408 | 429 | 500..=599 => (answer.summary(), answer.retry_after),
                     _ => return Err(FollowError::Unexpected(answer.summary())),
@@ -314,9 +327,11 @@ impl Run<'_> {
     /// and comes again on the next run).
     fn hand_on(
         &mut self,
-        entries: &[Box<RawValue>],
+        page: &Page,
+        after: Option<&FeedCursor>,
         out: &mut dyn Write,
     ) -> Result<bool, FollowError> {
+        let entries = &page.receipts;
         let mut lines = Vec::with_capacity(entries.iter().map(|e| e.get().len() + 1).sum());
         for entry in entries {
             lines.extend_from_slice(entry.get().as_bytes());
@@ -330,7 +345,7 @@ impl Run<'_> {
         };
         let mut failures = 0u32;
         loop {
-            let why = match run_command(command, &lines) {
+            let why = match run_command(command, &lines, &PageFacts::of(page, after)) {
                 Ok(status) if status.success() => return Ok(true),
                 // `sh`'s own answer for a command it could not start: not
                 // found (127) or not executable (126). Retrying cannot help.
@@ -383,14 +398,65 @@ fn pause_unless_stopped(stop: &AtomicBool, delay: Duration) -> bool {
     }
 }
 
-/// `sh -c CMD` with `lines` on its stdin. It runs in a process group of its
-/// own, so a Ctrl-C meant for the follower does not cut the page short: the
-/// follower finishes the page and then stops.
-fn run_command(command: &str, lines: &[u8]) -> io::Result<std::process::ExitStatus> {
+/// What `CMD` is told about the page it is handed, in its environment.
+struct PageFacts {
+    receipts: usize,
+    first: String,
+    last: String,
+    after: String,
+    next: String,
+}
+
+impl PageFacts {
+    fn of(page: &Page, after: Option<&FeedCursor>) -> Self {
+        let receipt_id = |entry: Option<&Box<RawValue>>| {
+            #[derive(serde::Deserialize)]
+            struct Entry {
+                receipt_id: Option<String>,
+                receipt: Option<Receipted>,
+            }
+            #[derive(serde::Deserialize)]
+            struct Receipted {
+                receipt_id: String,
+            }
+            entry
+                .and_then(|e| serde_json::from_str::<Entry>(e.get()).ok())
+                .and_then(|e| e.receipt_id.or(e.receipt.map(|r| r.receipt_id)))
+                .unwrap_or_default()
+        };
+        Self {
+            receipts: page.receipts.len(),
+            first: receipt_id(page.receipts.first()),
+            last: receipt_id(page.receipts.last()),
+            after: after.map(|c| c.as_str().to_owned()).unwrap_or_default(),
+            next: page.next.as_str().to_owned(),
+        }
+    }
+}
+
+/// `sh -c CMD` with `lines` on its stdin and the page's facts in its
+/// environment (`PLAN_INTAKE_PAGE_RECEIPTS`, `_FIRST`, `_LAST`: the count
+/// and the first and last receipt ids; `_AFTER`: the cursor the page was
+/// read after, empty at the feed's start; `_NEXT`: the cursor saved once
+/// CMD exits 0). Never the reader's token: `PLAN_INTAKE_TOKEN` is removed.
+/// It runs in a process group of its own, so a Ctrl-C meant for the
+/// follower does not cut the page short: the follower finishes the page and
+/// then stops.
+fn run_command(
+    command: &str,
+    lines: &[u8],
+    page: &PageFacts,
+) -> io::Result<std::process::ExitStatus> {
     use std::os::unix::process::CommandExt;
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(command)
+        .env_remove("PLAN_INTAKE_TOKEN")
+        .env("PLAN_INTAKE_PAGE_RECEIPTS", page.receipts.to_string())
+        .env("PLAN_INTAKE_PAGE_FIRST", &page.first)
+        .env("PLAN_INTAKE_PAGE_LAST", &page.last)
+        .env("PLAN_INTAKE_PAGE_AFTER", &page.after)
+        .env("PLAN_INTAKE_PAGE_NEXT", &page.next)
         .stdin(Stdio::piped())
         .process_group(0)
         .spawn()?;

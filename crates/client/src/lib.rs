@@ -70,6 +70,10 @@ enum Exchange {
     Answer(Answer),
     /// No answer: refused or dropped connection, timeout, DNS.
     NoAnswer(String),
+    /// No answer, and none will come by trying again: the URL cannot be
+    /// used, or the other end does not speak the protocol its scheme names
+    /// (`https://` to a plain-HTTP port).
+    Unreachable(String),
 }
 
 #[derive(Debug)]
@@ -83,7 +87,7 @@ impl Exchange {
     fn from_ureq(result: Result<ureq::Response, ureq::Error>) -> Self {
         let response = match result {
             Ok(response) | Err(ureq::Error::Status(_, response)) => response,
-            Err(ureq::Error::Transport(transport)) => return Self::NoAnswer(transport.to_string()),
+            Err(ureq::Error::Transport(transport)) => return Self::of_transport(&transport),
         };
         let status = response.status();
         // Seconds only: the service sends no HTTP dates.
@@ -103,6 +107,44 @@ impl Exchange {
             Err(e) => Self::NoAnswer(format!("the answer ({status}) was cut short: {e}")),
         }
     }
+}
+
+impl Exchange {
+    /// A failure before any answer: worth a retry (refused, dropped, timed
+    /// out, DNS), or not.
+    fn of_transport(transport: &ureq::Transport) -> Self {
+        use ureq::ErrorKind;
+        let why = transport.to_string();
+        match transport.kind() {
+            ErrorKind::InvalidUrl
+            | ErrorKind::UnknownScheme
+            | ErrorKind::InsecureRequestHttpsOnly => Self::Unreachable(why),
+            // What came back is no HTTP (`http://` to a TLS port).
+            ErrorKind::BadStatus => Self::Unreachable(format!(
+                "{why} (does the URL's scheme match the service's: http:// or https://?)"
+            )),
+            // A TLS handshake answered with bytes that are not TLS
+            // (`https://` to a plain-HTTP port): the data is invalid, which
+            // a refused or dropped connection never is.
+            _ if source_chain(transport).any(|e| {
+                e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+            }) =>
+            {
+                Self::Unreachable(format!(
+                    "{why} (the TLS handshake failed: does the service speak https? plan-intake serve speaks plain http unless a TLS proxy is in front)"
+                ))
+            }
+            _ => Self::NoAnswer(why),
+        }
+    }
+}
+
+/// `error` and every error below it.
+fn source_chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| e.source())
 }
 
 impl Answer {

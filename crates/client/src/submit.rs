@@ -11,8 +11,9 @@ use super::{Answer, Backoff, Client, Exchange};
 pub struct SubmitOptions {
     /// The `Idempotency-Key`; `None`: derived from the body ([`derive_key`]).
     pub key: Option<String>,
-    /// Attempts in all, the first included.
-    pub max_attempts: u32,
+    /// Attempts in all, the first included; `None`: as many as `timeout`
+    /// allows (the default: retries are bounded by time, not by count).
+    pub max_attempts: Option<u32>,
     /// Cap of the first retry's random delay; doubles per retry up to
     /// [`MAX_RETRY_DELAY`].
     pub retry_base: Duration,
@@ -30,7 +31,7 @@ impl Default for SubmitOptions {
     fn default() -> Self {
         Self {
             key: None,
-            max_attempts: 8,
+            max_attempts: None,
             retry_base: DEFAULT_RETRY_BASE,
             timeout: Duration::from_secs(60),
         }
@@ -42,6 +43,9 @@ pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
 
 /// No retry waits longer than this (unless the service's `Retry-After` asks).
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// The least time worth one more attempt before the call's deadline.
+const LAST_ATTEMPT: Duration = Duration::from_millis(200);
 
 /// How the service took the plan.
 pub use plan_intake_wire::Outcome;
@@ -82,6 +86,10 @@ pub enum SubmitError {
     /// Any other answer (another 4xx, a success without a receipt).
     #[error("unexpected answer: {0}")]
     Unexpected(String),
+    /// The service cannot be reached at this URL, and trying again will not
+    /// change that (a bad URL, a scheme the other end does not speak).
+    #[error("cannot reach the service: {0}")]
+    Unreachable(String),
 }
 
 impl SubmitError {
@@ -91,7 +99,7 @@ impl SubmitError {
             Self::Refused(_) => 65,
             Self::Denied(_) => 77,
             Self::GaveUp { .. } => 75,
-            Self::Unexpected(_) => 1,
+            Self::Unexpected(_) | Self::Unreachable(_) => 1,
         }
     }
 }
@@ -185,9 +193,12 @@ impl Client {
     /// POSTs `body` (`{run_id, approved_inputs, content}`) to `/v1/plans`
     /// until the service answers with a receipt or a final refusal.
     ///
-    /// Retried, with the same key: no answer (refused, dropped or timed-out
-    /// connection), 408, 429, 502, 503 and 504; a 500 once. Never retried:
-    /// every other 4xx. Retries wait with full jitter, at least `Retry-After`.
+    /// Retried, with the same key, until `options.timeout` (and, if given,
+    /// `options.max_attempts`) runs out: no answer (refused, dropped or
+    /// timed-out connection), 408, 429, 502, 503 and 504; a 500 once. Never
+    /// retried: every other 4xx, and a URL the other end cannot answer (a
+    /// TLS handshake with a plain-HTTP port). Retries wait with full
+    /// jitter, at least `Retry-After`.
     pub fn submit(&self, body: &[u8], options: &SubmitOptions) -> Result<Submitted, SubmitError> {
         let key = options.key.clone().unwrap_or_else(|| derive_key(body));
         let backoff = Backoff {
@@ -223,12 +234,19 @@ impl Client {
                 Verdict::Retry { why, retry_after } => (why, retry_after),
             };
             let wait = backoff.delay(attempt, retry_after);
-            if attempt >= options.max_attempts {
+            if options.max_attempts.is_some_and(|cap| attempt >= cap) {
                 return Err(gave_up(RanOut::Attempts, why));
             }
-            if Instant::now() + wait >= deadline {
+            // The whole time is used: a wait that would pass the deadline
+            // is cut short for one more attempt before it, unless the
+            // service asked for longer (`Retry-After`) or too little is left
+            // for an attempt.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let asked_longer = retry_after.is_some_and(|asked| asked >= left);
+            if asked_longer || left <= LAST_ATTEMPT {
                 return Err(gave_up(RanOut::Time { next_wait: wait }, why));
             }
+            let wait = wait.min(left - LAST_ATTEMPT);
             tracing::warn!(
                 attempt,
                 key = %key,
@@ -249,6 +267,7 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
                 retry_after: None,
             };
         }
+        Exchange::Unreachable(why) => return Verdict::Stop(SubmitError::Unreachable(why)),
     };
     match answer.status {
         200 | 201 => match receipt_of(&answer, key, attempt) {

@@ -97,6 +97,15 @@ impl TestDb {
         }
     }
 
+    /// SQLite: makes the file, empty (a database with every migration
+    /// pending), as only `migrate run` and `serve` would; Postgres: nothing
+    /// (the scratch schema is there).
+    pub fn create_empty(&self) {
+        if let Some(path) = self.url.strip_prefix("sqlite://") {
+            std::fs::File::create(path).expect("an empty database file");
+        }
+    }
+
     /// None (after a loud note) when Postgres is unreachable and not required.
     pub fn postgres() -> Option<Self> {
         if !postgres_available() {
