@@ -424,7 +424,12 @@ fn cannot_get_past(error: &(dyn std::error::Error + 'static)) -> bool {
     use crate::storage::receipt_log::AppendError;
     matches!(
         error.downcast_ref::<AppendError>(),
-        Some(AppendError::Inconsistent { .. } | AppendError::Tree(_) | AppendError::Signing(_))
+        Some(
+            AppendError::Inconsistent { .. }
+                | AppendError::Tree(_)
+                | AppendError::Leaf { .. }
+                | AppendError::Signing(_)
+        )
     )
 }
 

@@ -239,7 +239,7 @@ pub struct Ready {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to take plans", body = Ready),
-        (status = 503, description = "Not ready, the reason named by the problem's type and told in its detail: `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached)", body = problem::Problem, content_type = "application/problem+json",
+        (status = 503, description = "Not ready, the reason named by the problem's type and told in its detail: `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached), `receipt-log-stuck` (the receipt log's appender cannot go on: why), `signing-key-unpublished` (the signing key cannot be recorded at `GET /v1/signing-keys`: why)", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
 pub async fn readyz(

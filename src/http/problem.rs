@@ -181,6 +181,7 @@ pub(crate) fn not_set_up(error: &NotSetUp) -> &'static str {
         NotSetUp::MigrationsPending(_) => "migrations-pending",
         NotSetUp::MissingGrants { .. } => "missing-grants",
         NotSetUp::ReceiptLogStuck(_) => "receipt-log-stuck",
+        NotSetUp::SigningKeyUnpublished(_) => "signing-key-unpublished",
     }
 }
 
@@ -237,8 +238,8 @@ impl ApiError {
             ApiError::NotSetUp(NotSetUp::MigrationsPending(_)) => {
                 "the service's database has migrations pending: an operator must run `plan-intake migrate run`; retry later with the same Idempotency-Key".to_owned()
             }
-            ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_)) => {
-                "the receipt log is not appended to; an operator must look".to_owned()
+            ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_) | NotSetUp::SigningKeyUnpublished(_)) => {
+                "the service is not ready; an operator must look".to_owned()
             }
             ApiError::NotSetUp(_) => {
                 "permission denied: the service's database role lacks grants it needs, and an operator must run `plan-intake migrate grants ROLE`; retry later with the same Idempotency-Key".to_owned()

@@ -64,7 +64,30 @@ pub struct Intake {
     signing: Option<std::sync::Arc<signing::SigningKey>>,
     /// Why the receipt log's appender cannot go on, while it cannot (set by
     /// the appender; `/readyz` tells it).
-    log_stuck: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    log_stuck: Told,
+    /// Why the signing key cannot be published, while it cannot (set by its
+    /// recorder; `/readyz` tells it).
+    key_unpublished: Told,
+}
+
+/// A reason one thread tells and `/readyz` reads, while it holds.
+#[derive(Clone, Default)]
+struct Told(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl Told {
+    fn set(&self, reason: Option<String>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Intake {
@@ -85,7 +108,8 @@ impl Intake {
             known: std::sync::Arc::default(),
             strangers: std::sync::Arc::default(),
             signing: None,
-            log_stuck: std::sync::Arc::default(),
+            log_stuck: Told::default(),
+            key_unpublished: Told::default(),
         }
     }
 
@@ -415,26 +439,37 @@ impl Intake {
     /// and the gauge `plan_intake_receipt_log_stuck` is 1.
     pub fn set_receipt_log_stuck(&self, reason: Option<String>) {
         self.metrics.set_receipt_log_stuck(reason.is_some());
-        *self
-            .log_stuck
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
-    }
-
-    fn receipt_log_stuck(&self) -> Option<String> {
-        self.log_stuck
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.log_stuck.set(reason);
     }
 
     /// Records that this instance's key signs now (`GET /v1/signing-keys`
-    /// tells when each key was in use).
+    /// tells when each key was in use). While it cannot be recorded, the
+    /// key is unpublished, and `/readyz` answers 503
+    /// `signing-key-unpublished` with why.
     pub fn record_key_use(&self, deadline: &Deadline) -> Result<(), ReadError> {
-        match self.signing_key() {
-            Some(key) => self.publish_key(key, true, deadline),
-            None => Ok(()),
-        }
+        let Some(key) = self.signing_key() else {
+            return Ok(());
+        };
+        let recorded = self.publish_key(key, true, deadline).and_then(|()| {
+            // Published under its id, but is it this key? A row replaced
+            // around the service would make every receipt fail its check.
+            let published = self
+                .db
+                .read(deadline, crate::storage::receipt_log::signing_keys)?;
+            let ours = published
+                .iter()
+                .any(|(id, verifier, _, _)| id == key.key_id() && verifier == key.verifier_key());
+            Ok(ours)
+        });
+        self.key_unpublished.set(match &recorded {
+            Ok(true) => None,
+            Ok(false) => Some(format!(
+                "GET /v1/signing-keys publishes another verifier key under {} (its row was replaced around the service)",
+                key.key_id()
+            )),
+            Err(error) => Some(crate::report::chain(error)),
+        });
+        recorded.map(|_| ())
     }
 
     /// Keeps `key` published; `signs_now`: this instance signs with it
@@ -558,7 +593,12 @@ impl Intake {
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         self.metrics.set_commits_blocked(readiness.commits_blocked);
-        if let Some(reason) = self.receipt_log_stuck() {
+        if let Some(reason) = self.key_unpublished.get() {
+            return Err(ReadError::NotSetUp(read::NotSetUp::SigningKeyUnpublished(
+                reason,
+            )));
+        }
+        if let Some(reason) = self.log_stuck.get() {
             return Err(ReadError::NotSetUp(read::NotSetUp::ReceiptLogStuck(reason)));
         }
         Ok(readiness)

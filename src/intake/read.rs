@@ -64,6 +64,13 @@ pub enum NotSetUp {
         "the receipt log is not appended to: {0}; receipts are still signed and kept, and join the log once this is mended (docs/OPERATIONS.md, PlanIntakeReceiptLogStuck)"
     )]
     ReceiptLogStuck(String),
+    /// The signing key cannot be recorded as published (set by its
+    /// recorder): receipts it signs could not be checked against
+    /// `GET /v1/signing-keys`.
+    #[error(
+        "the signing key cannot be published at GET /v1/signing-keys: {0}; receipts signed meanwhile cannot be checked against the published keys"
+    )]
+    SigningKeyUnpublished(String),
 }
 
 impl From<CorruptRow> for ReadError {

@@ -11,7 +11,7 @@ use super::hashing::hashes_of_stored;
 use super::receipt::{Receipt, ReceiptOfRow};
 use super::signing::{BadSignature, SigningKey, TrustedKeys, signed_form, verify_receipt};
 use crate::storage::plans::ReceiptRow;
-use crate::storage::receipt_log::{self as log_tables, LogWriter};
+use crate::storage::receipt_log::{self as log_tables, LogWriter, WriterError};
 use crate::storage::{Database, StorageError};
 
 /// The first line of a C2SP `tlog-proof`.
@@ -24,13 +24,13 @@ pub struct LogSigner<'a> {
 }
 
 impl LogWriter for LogSigner<'_> {
-    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, String> {
-        let receipt = Receipt::from_row(row, None).map_err(|e| e.to_string())?;
-        signed_form(&receipt).map_err(|e| e.to_string())
+    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, WriterError> {
+        let receipt = Receipt::from_row(row, None)?;
+        Ok(signed_form(&receipt)?)
     }
 
-    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, String> {
-        checkpoint_note(self.key, self.origin, size, root)
+    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, WriterError> {
+        Ok(checkpoint_note(self.key, self.origin, size, root)?)
     }
 }
 

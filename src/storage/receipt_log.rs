@@ -76,8 +76,16 @@ pub enum AppendError {
         "the receipt log at size {size} is not an extension of the checkpoint of size {signed} already signed; no checkpoint is signed until this is explained"
     )]
     Inconsistent { size: u64, signed: u64 },
-    #[error("{0}")]
-    Signing(String),
+    /// A receipt that cannot be made into a leaf (a row that does not read
+    /// back as a receipt).
+    #[error("receipt {receipt_id} cannot be made into a leaf")]
+    Leaf {
+        receipt_id: String,
+        #[source]
+        source: WriterError,
+    },
+    #[error("the checkpoint cannot be signed")]
+    Signing(#[source] WriterError),
 }
 
 /// What a round did: the tree's size before and after, and the
@@ -92,9 +100,12 @@ pub struct Appended {
 /// What an append needs from the domain: each receipt's leaf bytes, and a
 /// signed checkpoint note for a size and root.
 pub trait LogWriter {
-    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, String>;
-    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, String>;
+    fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, WriterError>;
+    fn checkpoint(&self, size: u64, root: Hash) -> Result<String, WriterError>;
 }
+
+/// Why the domain could not make a leaf or a checkpoint, kept whole.
+pub type WriterError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Reads stored hashes inside the caller's connection, after the ones an
 /// append is about to store.
@@ -178,9 +189,10 @@ pub fn append(
         let mut new_hashes: Vec<(i64, Vec<u8>)> = Vec::new();
         for (at, (_, row)) in rows.iter().enumerate() {
             let n = from + at as u64;
-            let leaf = writer
-                .leaf(row)
-                .map_err(|e| AppendError::Tree(format!("receipt {}: {e}", row.receipt_id)))?;
+            let leaf = writer.leaf(row).map_err(|source| AppendError::Leaf {
+                receipt_id: row.receipt_id.clone(),
+                source,
+            })?;
             let hashes = tlog_tiles::stored_hashes(n, &leaf, &tree)
                 .map_err(|e| AppendError::Tree(e.to_string()))?;
             let first = tlog_tiles::stored_hash_index(0, n);

@@ -168,7 +168,43 @@ fn a_log_that_cannot_be_appended_to_makes_the_service_not_ready(db: TestDb) {
     });
 }
 
+/// A signing key whose published row was replaced around the service
+/// (another verifier key under its id): receipts it signs could not be
+/// checked against `GET /v1/signing-keys`, so the service is not ready
+/// and says why (503 `signing-key-unpublished`).
+fn a_key_published_as_another_makes_the_service_not_ready(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let other = generate_key(dir.path(), "k2");
+    let service = ServeProcess::start_with(&db.url, &["--signing-key", arg(&key)]);
+    assert_eq!(readyz(&service).0, 200);
+    service.terminate();
+    let other_public =
+        std::fs::read_to_string(format!("{}.pub", other.display())).expect("the other public key");
+    let database = db.open();
+    let mut conn = database.conn().expect("a connection");
+    execute_batch(
+        &mut conn,
+        &format!(
+            "UPDATE signing_keys SET verifier_key = '{}'",
+            other_public.trim()
+        ),
+    );
+    let service = ServeProcess::start_with(&db.url, &["--signing-key", arg(&key)]);
+    wait_for("/readyz saying the key is not published", || {
+        let (status, body) = readyz(&service);
+        status == 503
+            && body["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/signing-key-unpublished"))
+            && body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("another verifier key"))
+    });
+}
+
 crate::on_both_backends_sync!(
+    a_key_published_as_another_makes_the_service_not_ready,
     a_checkpoint_file_of_another_log_refuses_the_start,
     a_log_that_cannot_be_appended_to_makes_the_service_not_ready,
 );
