@@ -534,21 +534,12 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
         &[("PLAN_INTAKE_TEST_STALL_APPEND", "7")],
     );
     submit(&stalled.addr, &token, "during", 4);
-    let start = Instant::now();
-    let stalled_root = loop {
-        let found = stalled.log.lock().expect("log").iter().find_map(|l| {
-            l.split_once("append to 7 leaves written, not committed, root ")
-                .map(|(_, root)| root.trim().to_owned())
-        });
-        if let Some(root) = found {
-            break root;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the appender never stalled"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    const STALLED: &str = "append to 7 leaves written, not committed, root ";
+    let stalled_root = stalled
+        .await_said(STALLED)
+        .split_once(STALLED)
+        .map(|(_, root)| root.trim().to_owned())
+        .unwrap_or_default();
     stalled.kill_9();
     let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
     let mut conn = database.conn().expect("connection");
@@ -635,15 +626,7 @@ fn a_restored_database_is_never_signed_over_with_a_checkpoint_file() {
     }
     std::fs::copy(&backup, &file).expect("restore the backup");
     // Known at start: the service refuses to start rather than sign.
-    let refused = std::process::Command::new(crate::support::process::BIN)
-        .args(["serve", "--bind", "127.0.0.1:0"])
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("PLAN_INTAKE_LOG", "warn")
-        .output()
-        .expect("run serve");
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "it started: {said}");
+    let said = crate::support::process::serve_refused(&db.url, &args);
     assert!(
         said.contains("does not extend the checkpoint kept in")
             && said.contains("is not an extension of the checkpoint of size 5"),
@@ -690,11 +673,7 @@ fn audit_names_an_unsigned_edit_and_receipts_the_log_passed(db: TestDb) {
         &[("PLAN_INTAKE_TEST_STALL_APPEND", "3")],
     );
     let held = submit(&stalled.addr, &token, "held", 2);
-    let start = Instant::now();
-    while !stalled.said("written, not committed") {
-        assert!(start.elapsed() < Duration::from_secs(30), "no stall");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    stalled.await_said("written, not committed");
     stalled.kill_9();
     let id = |receipt: &Value| receipt["receipt_id"].as_str().expect("an id").to_owned();
     let (edited, skipped) = (id(&held[0]), id(&held[1]));

@@ -371,19 +371,41 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
 
     // The feed's tail long-polls like any cursor: `after=now&wait=S` is
     // answered with the next receipt once it lands.
-    let waiting = send(&service, get(&orders, "/v1/receipts?after=now&wait=30"));
+    answered_by_the_next_write(
+        (&service, &orders, "/v1/receipts?after=now&wait=30"),
+        &metrics,
+        (&service, &planner, "k2"),
+    )
+    .await;
+}
+
+/// A reader's long poll at `uri` (on `reader`'s service, with its token)
+/// and, once `waiting` counts it, a new plan written under `key` (on the
+/// writer's service): the poll is answered with exactly that plan. The
+/// page and the write's answer.
+async fn answered_by_the_next_write<R, W>(
+    (reader, reader_token, uri): (&R, &str, &str),
+    waiting: &plan_intake::metrics::Metrics,
+    (writer, planner, key): (&W, &str, &str),
+) -> (crate::support::Answer, crate::support::Answer)
+where
+    R: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+            Error = actix_web::Error,
+        >,
+    W: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+            Error = actix_web::Error,
+        >,
+{
+    let polled = send(reader, get(reader_token, uri));
     let write = async {
-        crate::support::wait_until("the tail's reader waits", || {
-            metrics.feed_waiting_count() == 1
-        })
-        .await;
-        send(
-            &service,
-            post_plan(&planner, "k2", &plan_body("run-2", "y")),
-        )
-        .await
+        crate::support::wait_until("the reader waits", || waiting.feed_waiting_count() == 1).await;
+        send(writer, post_plan(planner, key, &plan_body(key, key))).await
     };
-    let (page, written) = futures_util::join!(waiting, write);
+    let (page, written) = futures_util::join!(polled, write);
     assert_eq!(written.status, StatusCode::CREATED);
     let receipts = page.body["receipts"]
         .as_array()
@@ -391,6 +413,7 @@ async fn a_waiting_reader_is_answered_when_a_plan_lands(db: TestDb) {
         .unwrap_or_default();
     assert_eq!(receipts.len(), 1, "{:?}", page.body);
     assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
+    (page, written)
 }
 
 /// A plan written through one instance wakes a reader waiting on another:
@@ -413,29 +436,16 @@ async fn a_write_through_another_instance_wakes_a_waiting_reader() {
 
     let end = send(&reader_service, get(&orders, "/v1/receipts?after=now")).await;
     let cursor = end.body["next"].as_str().unwrap_or_default().to_owned();
-    let waiting = send(
-        &reader_service,
-        get(&orders, &format!("/v1/receipts?after={cursor}&wait=30")),
-    );
-    let write = async {
-        crate::support::wait_until("the reader waits", || {
-            other_metrics.feed_waiting_count() == 1
-        })
-        .await;
-        send(
-            &writer_service,
-            post_plan(&planner, "k", &plan_body("run-1", "x")),
-        )
-        .await
-    };
-    let (page, written) = futures_util::join!(waiting, write);
-    assert_eq!(written.status, StatusCode::CREATED);
-    let receipts = page.body["receipts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(receipts.len(), 1, "{:?}", page.body);
-    assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
+    answered_by_the_next_write(
+        (
+            &reader_service,
+            &orders,
+            &format!("/v1/receipts?after={cursor}&wait=30"),
+        ),
+        &other_metrics,
+        (&writer_service, &planner, "k"),
+    )
+    .await;
     // The answer may also come from the half-second re-read; that the
     // other instance's listener heard the write is checked on its own.
     crate::support::wait_until("the other instance's listener hears the write", || {

@@ -4,11 +4,10 @@
 //! round succeeds again; the log's lag behind the feed is exported; the
 //! signing key's use is recorded whatever the appender does.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::evidence::generate_key;
-use crate::support::process::{BIN, ServeProcess, client, login_via_cli, post_plan};
+use crate::support::process::{ServeProcess, client, login_via_cli, post_plan, serve_refused};
 use crate::support::{TestDb, execute_batch, plan_body, scalar};
 
 fn arg(path: &std::path::Path) -> &str {
@@ -79,21 +78,10 @@ fn a_checkpoint_file_of_another_log_refuses_the_start(db: TestDb) {
     });
     service.terminate();
 
-    let out = Command::new(BIN)
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--log-origin",
-            "example.com/another-log",
-        ])
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env("PLAN_INTAKE_LOG", "warn")
-        .output()
-        .expect("run serve");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "it started: {said}");
+    let said = serve_refused(
+        &db.url,
+        &[&["--log-origin", "example.com/another-log"][..], &args[..]].concat(),
+    );
     assert!(
         said.contains(&kept.display().to_string()) && said.contains("example.com/another-log"),
         "{said}"

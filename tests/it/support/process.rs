@@ -39,6 +39,22 @@ pub fn login_via_cli(url: &str, name: &str, permission: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// `plan-intake serve ARGS…` against `url`, which must refuse to start:
+/// what it said on stderr.
+#[track_caller]
+pub fn serve_refused(url: &str, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("PLAN_INTAKE_LOG", "warn")
+        .output()
+        .expect("run serve");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it started: {said}");
+    said
+}
+
 /// A running `plan-intake serve` on a port the OS picked.
 pub struct ServeProcess {
     child: Child,
@@ -177,6 +193,30 @@ impl ServeProcess {
             .expect("log")
             .iter()
             .any(|l| l.contains(text))
+    }
+
+    /// Waits (30 s at most) until the service has written a line holding
+    /// `text`; that line.
+    #[track_caller]
+    pub fn await_said(&self, text: &str) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let found = self
+                .log
+                .lock()
+                .expect("log")
+                .iter()
+                .find(|l| l.contains(text))
+                .cloned();
+            if let Some(line) = found {
+                return line;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "the service never said {text:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// SIGTERM, then the exit status once the process has stopped and
