@@ -54,6 +54,18 @@ fn serve_signed(url: &str, keys: &[&Path]) -> ServeProcess {
     ServeProcess::start_with(url, &args)
 }
 
+/// A service signing with `key` whose append round that reaches `leaves`
+/// leaves stops between its writes and its COMMIT (the test seam), for a
+/// test to kill it there.
+fn serve_stalling_at(url: &str, key: &Path, leaves: u64) -> ServeProcess {
+    ServeProcess::start_env(
+        url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(key)],
+        &[("PLAN_INTAKE_TEST_STALL_APPEND", &leaves.to_string())],
+    )
+}
+
 /// GET `path` as text: the status and the body.
 fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
     let mut request = client().get(&format!("http://{addr}{path}"));
@@ -527,12 +539,7 @@ fn a_kill_9_mid_append_resumes_without_a_fork(db: TestDb) {
 
     // An appender that stops once its append reaches 7 leaves, written but
     // not committed, is killed there (rounds below 7 commit as usual).
-    let stalled = ServeProcess::start_env(
-        &db.url,
-        "127.0.0.1:0",
-        &["--signing-key", arg(&key)],
-        &[("PLAN_INTAKE_TEST_STALL_APPEND", "7")],
-    );
+    let stalled = serve_stalling_at(&db.url, &key, 7);
     submit(&stalled.addr, &token, "during", 4);
     const STALLED: &str = "append to 7 leaves written, not committed, root ";
     let stalled_root = stalled
@@ -666,12 +673,7 @@ fn audit_names_an_unsigned_edit_and_receipts_the_log_passed(db: TestDb) {
 
     // Two more plans, signed, whose round is held before its COMMIT and
     // killed there: neither is logged.
-    let stalled = ServeProcess::start_env(
-        &db.url,
-        "127.0.0.1:0",
-        &["--signing-key", arg(&key)],
-        &[("PLAN_INTAKE_TEST_STALL_APPEND", "3")],
-    );
+    let stalled = serve_stalling_at(&db.url, &key, 3);
     let held = submit(&stalled.addr, &token, "held", 2);
     stalled.await_said("written, not committed");
     stalled.kill_9();
