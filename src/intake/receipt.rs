@@ -61,6 +61,7 @@ impl ReceiptOfRow for Receipt {
                 .as_deref()
                 .and_then(<_ as StoredSignature>::from_stored),
             outcome,
+            extra: Default::default(),
         })
     }
 }

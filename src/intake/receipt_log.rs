@@ -153,7 +153,7 @@ pub fn verify_offline(
     keys: &TrustedKeys,
     proof: Option<&str>,
 ) -> Result<Verified, String> {
-    let receipt: Receipt = match serde_json::from_str::<Receipt>(receipt) {
+    let receipt: Receipt = match Receipt::parse(receipt) {
         Ok(receipt) => receipt,
         Err(not_a_receipt) => {
             let plan: PlanDocument = serde_json::from_str(receipt)

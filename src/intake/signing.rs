@@ -297,6 +297,7 @@ mod tests {
             received_at: "2026-12-02T10:00:00.000000Z".to_owned(),
             signature: None,
             outcome: Some(crate::intake::Outcome::Created),
+            extra: Default::default(),
         }
     }
 

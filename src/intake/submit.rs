@@ -478,6 +478,7 @@ fn receipt_of(plan: &NewPlan, login: &Login, submission: &Submission) -> Receipt
         received_at: super::receipt::format_timestamp(&plan.received_at),
         signature: None,
         outcome: None,
+        extra: Default::default(),
     }
 }
 

@@ -15,6 +15,7 @@ mod expect_continue;
 mod failover;
 mod faults;
 mod feed;
+mod forward;
 mod group_commit;
 mod hostile;
 mod intake;

@@ -56,8 +56,8 @@ pub struct Submitted {
     pub outcome: Outcome,
     /// The receipt JSON as the service sent it, `outcome` included, on one line.
     pub receipt: String,
-    /// The same receipt, read (strictly: a member unknown or twice is no
-    /// receipt).
+    /// The same receipt, read: a member this version does not know is kept
+    /// in its `extra`; a member given twice is no receipt.
     pub parsed: plan_intake_wire::Receipt,
     pub receipt_id: String,
     /// The key every attempt carried.
@@ -295,7 +295,7 @@ fn judge(exchange: Exchange, key: &str, attempt: u32, server_errors: &mut u32) -
 }
 
 fn receipt_of(answer: &Answer, key: &str, attempt: u32) -> Option<Submitted> {
-    let parsed: plan_intake_wire::Receipt = serde_json::from_str(&answer.body).ok()?;
+    let parsed = plan_intake_wire::Receipt::parse(&answer.body).ok()?;
     let outcome = parsed.outcome?;
     // The service answers compact JSON; a proxy that pretty-printed it
     // still yields one line.

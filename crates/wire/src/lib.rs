@@ -60,11 +60,16 @@ impl std::fmt::Display for Outcome {
 
 /// A receipt as the service answers it. `outcome` is present only in
 /// answers to `POST /v1/plans`; `signature` only when the service signs.
-/// Read strictly: an unknown or a duplicated member is refused, so no
-/// reader can be shown one receipt while another was verified.
+///
+/// Forward-compatible: a later version of the service may add members.
+/// Clients must ignore and keep members they do not know: this type keeps
+/// them in `extra`, writes them back out, and the signature covers them
+/// like every other member, so one can neither break an older reader nor
+/// escape the signature. Read it with [`Receipt::parse`], which
+/// refuses a member given twice, so no reader can be shown one receipt
+/// while another was verified.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(deny_unknown_fields)]
 pub struct Receipt {
     pub receipt_id: String,
     pub maker: String,
@@ -81,12 +86,38 @@ pub struct Receipt {
     /// How the service took the plan; only in answers to POST.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
+    /// Members this version does not know, as received: kept, printed and
+    /// signed over. Clients must ignore and keep them.
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub extra: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
-/// A receipt's signature.
+/// Why a text is not a receipt.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    /// Not I-JSON: a member given twice, a lone surrogate, an inexact number.
+    #[error("not a receipt: {0:?}")]
+    NotIJson(plan_intake_json::JsonError),
+    /// JSON, but not a receipt (a known member missing or of another type).
+    #[error("not a receipt: {0}")]
+    Shape(#[from] serde_json::Error),
+}
+
+impl Receipt {
+    /// A receipt from the service's JSON: every member this version knows,
+    /// typed, and the others kept in `extra`; a member given twice (at any
+    /// depth) is refused.
+    pub fn parse(text: &str) -> Result<Self, ReceiptError> {
+        plan_intake_json::parse(text.as_bytes()).map_err(ReceiptError::NotIJson)?;
+        Ok(serde_json::from_str(text)?)
+    }
+}
+
+/// A receipt's signature. A member this version does not know is ignored
+/// (it is not signed over: what the signature covers is the receipt).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(deny_unknown_fields)]
 pub struct ReceiptSignature {
     /// The signing key: `name+id` (8 hex digits), the start of its
     /// verifier key in `GET /v1/signing-keys`
