@@ -47,6 +47,9 @@ pub struct FollowOptions {
 impl FollowOptions {
     /// How long one request waits for a receipt unless told otherwise.
     pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+    /// Following from the cursor kept in `cursor_file`, with the command
+    /// line's defaults for everything else.
     pub fn new(cursor_file: impl Into<PathBuf>) -> Self {
         Self {
             cursor_file: cursor_file.into(),
@@ -64,7 +67,9 @@ impl FollowOptions {
 /// How far a run got before it stopped cleanly (drained, or asked to stop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Followed {
+    /// Non-empty pages handed on.
     pub pages: u64,
+    /// Receipts handed on.
     pub receipts: u64,
     /// Whether this run wrote the cursor file (it may not have, when it
     /// stopped before it had anything to save).
@@ -74,9 +79,12 @@ pub struct Followed {
 /// Why following cannot go on. [`FollowError::exit_code`] is the CLI's exit.
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
+    /// The cursor file cannot be read or written.
     #[error("cursor file {}", path.display())]
     CursorFile {
+        /// The cursor file.
         path: PathBuf,
+        /// What the file system said.
         #[source]
         source: io::Error,
     },
@@ -89,14 +97,18 @@ pub enum FollowError {
     /// 401 or 403: the token is wrong, revoked, or lacks `receipts:read`.
     #[error("not allowed: {0}")]
     Denied(String),
+    /// Any other answer, or a service that cannot be reached as addressed.
     #[error("unexpected answer: {0}")]
     Unexpected(String),
     /// The output is gone (a closed pipe): the page was not handed on.
     #[error("cannot write the page")]
     Output(#[source] io::Error),
+    /// `CMD` cannot be run (not found, not executable).
     #[error("cannot run `sh -c {command}`")]
     Exec {
+        /// The command given with `exec`.
         command: String,
+        /// Why it cannot be run.
         #[source]
         source: io::Error,
     },

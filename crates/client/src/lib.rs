@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 #![doc = include_str!("../README.md")]
 //!
 //! It talks to the service only through its HTTP API, as any other client
@@ -33,8 +34,10 @@ impl std::fmt::Debug for Client {
 /// A client that cannot be made: a URL the client cannot talk to, or no token.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The service's URL is not `http://` or `https://`.
     #[error("`{0}` is not an http:// or https:// URL")]
     BadUrl(String),
+    /// No token was given.
     #[error("the token is empty")]
     EmptyToken,
 }

@@ -53,12 +53,14 @@ pub use plan_intake_wire::Outcome;
 /// The service kept the plan.
 #[derive(Debug, Clone)]
 pub struct Submitted {
+    /// How the service took the plan.
     pub outcome: Outcome,
     /// The receipt JSON as the service sent it, `outcome` included, on one line.
     pub receipt: String,
     /// The same receipt, read: a member this version does not know is kept
     /// in its `extra`; a member given twice is no receipt.
     pub parsed: plan_intake_wire::Receipt,
+    /// The receipt's id.
     pub receipt_id: String,
     /// The key every attempt carried.
     pub key: String,
@@ -78,9 +80,13 @@ pub enum SubmitError {
     /// Attempts or time ran out on answers worth retrying.
     #[error("gave up after {attempts} attempt(s) in {:.1} s; last answer: {last}{}", elapsed.as_secs_f64(), ran_out.note())]
     GaveUp {
+        /// Attempts made.
         attempts: u32,
+        /// Time spent, every attempt and wait included.
         elapsed: Duration,
+        /// What ran out.
         ran_out: RanOut,
+        /// The last answer, or that none came.
         last: LastAnswer,
     },
     /// Any other answer (another 4xx, a success without a receipt).
@@ -110,7 +116,10 @@ pub enum RanOut {
     /// Every attempt allowed was made.
     Attempts,
     /// The next wait would have passed the call's timeout.
-    Time { next_wait: Duration },
+    Time {
+        /// The wait that did not fit.
+        next_wait: Duration,
+    },
     /// The service failed (5xx) twice: a fault of its own, not of the moment.
     ServerErrors,
 }
@@ -142,7 +151,12 @@ impl std::fmt::Display for RanOut {
 pub enum LastAnswer {
     /// The service answered `status`; `summary` is its problem's detail
     /// (or the start of its body).
-    Status { status: u16, summary: String },
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The problem's detail, or the start of the body.
+        summary: String,
+    },
     /// No answer: a refused or dropped connection, a timeout, DNS.
     NoAnswer(String),
 }

@@ -8,6 +8,8 @@
 //! `18446744073709551617`, `9007199254740993.0`, `0.10000000000000000555`,
 //! `1e400` no. So what is stored is never a rounded version of what was sent,
 //! and two bodies that differ in any number never hash alike.
+//!
+#![doc = include_str!("../README.md")]
 
 use std::borrow::Cow;
 use std::cmp::Ordering;

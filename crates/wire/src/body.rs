@@ -11,9 +11,13 @@ use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKin
 
 use crate::ijson::{self, JsonError, Members};
 
+/// The longest `run_id`, in characters.
 pub const MAX_RUN_ID_CHARS: usize = 200;
+/// The longest approved input `id`, in characters.
 pub const MAX_INPUT_ID_CHARS: usize = 256;
+/// The most approved inputs one plan may name.
 pub const MAX_APPROVED_INPUTS: u64 = 1000;
+/// The longest approved input `digest`, in characters.
 pub const MAX_DIGEST_CHARS: usize = 256;
 /// The `field` of a problem with the body as a whole.
 pub const WHOLE_BODY: &str = "body";
@@ -22,7 +26,9 @@ pub const WHOLE_BODY: &str = "body";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldError {
+    /// The refused field's path (`approved_inputs[2].id`)
     pub field: String,
+    /// Why it was refused
     pub message: String,
 }
 
@@ -42,6 +48,7 @@ pub enum BodyError {
 pub struct RunId(String);
 
 impl RunId {
+    /// The run id as sent.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -53,7 +60,9 @@ impl RunId {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApprovedInput {
+    /// The input's id: not blank, no control or format characters
     pub id: String,
+    /// The input's digest, when the planner knows it
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
 }
@@ -61,7 +70,9 @@ pub struct ApprovedInput {
 /// A validated plan submission, as kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submission {
+    /// The planner's run this plan belongs to.
     pub run_id: RunId,
+    /// What the plan was made from.
     pub approved_inputs: Vec<ApprovedInput>,
     /// The content object in its RFC 8785 form, as it is stored and hashed.
     pub content: String,
@@ -122,6 +133,9 @@ struct ApprovedInputBody {
     digest: Option<String>,
 }
 
+/// A plan request read as the service reads it: I-JSON in one pass, the
+/// content written in its RFC 8785 form as it is read, the rules of
+/// `run_id` and `approved_inputs` applied; or why it is refused.
 pub fn parse(bytes: &[u8]) -> Result<Submission, BodyError> {
     // One pass: the content, however large, becomes its RFC 8785 text as it
     // is read (no tree); the two small fields become values for the rules

@@ -34,6 +34,7 @@ impl FeedCursor {
         Self(text.into())
     }
 
+    /// The cursor's text, as the service wrote it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -51,7 +52,9 @@ impl std::fmt::Display for FeedCursor {
 /// `after=now`, the feed's end), so a reader polls with it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FeedPage<Entry> {
+    /// The page's entries, in feed order.
     pub receipts: Vec<Entry>,
+    /// Where the next page starts: send it as `after`.
     pub next: FeedCursor,
 }
 

@@ -10,18 +10,24 @@ use crate::ijson::write_string;
 /// it was sent for. Both are `blake3:` and 64 hex digits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hashes {
+    /// blake3 over the RFC 8785 form of `{approved_inputs, content}`.
     pub content_hash: String,
+    /// blake3 over the RFC 8785 form of `{run_id, approved_inputs, content}`.
     pub request_hash: String,
 }
 
 /// The submission's parts as canonical JSON text, stored as the plan's columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CanonicalParts<'a> {
+    /// The approved inputs' RFC 8785 text, as stored.
     pub approved_inputs: String,
+    /// The content's RFC 8785 text, as stored.
     pub content: &'a str,
+    /// The request's two hashes.
     pub hashes: Hashes,
 }
 
+/// A submission's stored parts in their RFC 8785 form, and its hashes.
 pub fn canonicalize(submission: &Submission) -> CanonicalParts<'_> {
     // The content is already canonical (`body::parse` wrote it so), and the
     // small parts are written here in their RFC 8785 form. The two
@@ -107,6 +113,7 @@ pub fn canonical(value: &Value) -> Result<String, serde_json::Error> {
     serde_json_canonicalizer::to_string(value)
 }
 
+/// `blake3:` and the hex of blake3 over `text` (the tests' reference).
 #[cfg(test)]
 pub fn hash(text: &str) -> String {
     format!("blake3:{}", blake3::hash(text.as_bytes()).to_hex())

@@ -13,6 +13,9 @@
 //! serde_json's `arbitrary_precision` is on for every crate that links this
 //! one (a program that also parses JSON numbers through `serde(flatten)` or
 //! untagged enums should know).
+//!
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
 
 pub mod body;
 pub mod feed;
@@ -43,6 +46,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome as the service writes it: `created`, `replayed` or
+    /// `already_received`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Created => "created",
@@ -71,13 +76,21 @@ impl std::fmt::Display for Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Receipt {
+    /// The receipt's id (`rcpt_` and 32 hex digits), named by `Location`
     pub receipt_id: String,
+    /// The login that submitted the plan
     pub maker: String,
+    /// The plan's `run_id`, as sent
     pub run_id: String,
+    /// blake3 over the RFC 8785 form of `{approved_inputs, content}`
     pub content_hash: String,
+    /// blake3 over the RFC 8785 form of `{run_id, approved_inputs, content}`
     pub request_hash: String,
+    /// The ids of the plan's approved inputs, in the order sent
     pub approved_inputs: Vec<String>,
+    /// The maker's permissions when the plan was received
     pub permissions: Vec<String>,
+    /// When the plan was received: RFC 3339, UTC, to the microsecond
     pub received_at: String,
     /// The service's signature over this receipt; absent when the service
     /// signs none (started without a key)
@@ -97,11 +110,22 @@ pub struct Receipt {
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiptError {
     /// Not I-JSON: a member given twice, a lone surrogate, an inexact number.
-    #[error("not a receipt: {0:?}")]
+    #[error("not a receipt: {}", json_error_text(.0))]
     NotIJson(plan_intake_json::JsonError),
     /// JSON, but not a receipt (a known member missing or of another type).
     #[error("not a receipt: {0}")]
     Shape(#[from] serde_json::Error),
+}
+
+/// What an I-JSON refusal says, with its path when it has one.
+fn json_error_text(error: &plan_intake_json::JsonError) -> String {
+    match error {
+        plan_intake_json::JsonError::Syntax(message) => message.clone(),
+        plan_intake_json::JsonError::NotIJson { path, message } if path.is_empty() => {
+            message.clone()
+        }
+        plan_intake_json::JsonError::NotIJson { path, message } => format!("{path}: {message}"),
+    }
 }
 
 impl Receipt {
@@ -135,8 +159,11 @@ pub struct Problem {
     #[serde(rename = "type")]
     #[cfg_attr(feature = "openapi", schema(rename = "type"))]
     pub kind: String,
+    /// A short summary of the problem type
     pub title: String,
+    /// The HTTP status of the answer
     pub status: u16,
+    /// What happened this time, and what to do
     pub detail: String,
     /// Present on validation failures: one entry per refused field.
     #[serde(default, skip_serializing_if = "Option::is_none")]

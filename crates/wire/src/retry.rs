@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use rand::RngExt;
 
+/// How often and how long to retry a transient failure: attempts in all,
+/// and full-jitter delays that double from `base_delay` up to `max_delay`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (1 means never retry).
