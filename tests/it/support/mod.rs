@@ -141,6 +141,10 @@ impl TestDb {
     pub fn open_with(&self, migrate: MigrateOnOpen) -> Database {
         let options = PoolOptions {
             max_size: 40,
+            // A test's own view of the database: on a busy machine (the
+            // suite beside a CPU hog, a Postgres cleaning up after a killed
+            // service) a connection may take longer than the service's 2 s.
+            checkout_timeout: Duration::from_secs(15),
             ..PoolOptions::default()
         };
         Database::open(&self.url, &options, migrate).expect("open test database")
