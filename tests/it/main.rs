@@ -9,6 +9,7 @@ mod cli;
 mod crash;
 mod dba;
 mod deadline;
+mod dependent;
 mod door;
 mod evidence;
 mod expect_continue;

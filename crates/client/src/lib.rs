@@ -10,6 +10,10 @@ mod submit;
 use std::io::Read;
 use std::time::Duration;
 
+/// The types the service and this client share (`plan-intake-wire`): the
+/// receipt a submit returns, problems, the feed's page and cursor.
+pub use plan_intake_wire as wire;
+
 pub use follow::{FollowError, FollowOptions, Followed, follow};
 pub use submit::{
     DEFAULT_RETRY_BASE, LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions,

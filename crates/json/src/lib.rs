@@ -1,8 +1,11 @@
 //! Parses a body as I-JSON (RFC 7493), which RFC 8785 canonicalization needs:
 //! no duplicate member names, no lone surrogates, and numbers kept exactly.
 //!
-//! serde_json (with `arbitrary_precision`) hands over each number as the
-//! text that was sent. A number is accepted only when its RFC 8785 canonical
+//! serde_json reads the structure; each number's text, exactly as sent, is
+//! read beside it from the body ([`NumberTexts`]), so no serde_json feature
+//! is needed (and none is forced on a program that links this crate: its
+//! `arbitrary_precision` would change how that program's own `untagged` and
+//! `flatten` types read numbers). A number is accepted only when its RFC 8785 canonical
 //! form (the shortest text that round-trips its IEEE 754 double) has exactly
 //! the value written: `1.0`, `1e2`, `0.5`, `-0.0`, `123.456` yes;
 //! `18446744073709551617`, `9007199254740993.0`, `0.10000000000000000555`,
@@ -19,9 +22,6 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// The map key under which serde_json's `arbitrary_precision` hands a
-/// number's text to a visitor.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 /// Deepest nesting of arrays and objects accepted (serde_json's own limit,
 /// 128, would answer a less precise syntax error).
 pub const MAX_DEPTH: usize = 64;
@@ -78,10 +78,14 @@ fn checked<T>(
     ) -> Result<T, serde_json::Error>,
 ) -> Result<T, JsonError> {
     let refusal: std::cell::RefCell<Option<(String, String)>> = Default::default();
+    let failed_at: std::cell::RefCell<Option<String>> = Default::default();
+    let numbers = NumberTexts::new(bytes);
     let strict = StrictVisitor {
         depth: 0,
         at: None,
         refusal: &refusal,
+        failed_at: &failed_at,
+        numbers: &numbers,
     };
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed =
@@ -101,11 +105,11 @@ fn checked<T>(
         Err(e) if e.classify() == serde_json::error::Category::Syntax => {
             match stopped_at(bytes, e.line(), e.column()) {
                 Some(Stop::Surrogate) => Err(JsonError::NotIJson {
-                    path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
+                    path: failed_at.take().unwrap_or_default(),
                     message: "a lone surrogate in a \\u escape".to_owned(),
                 }),
                 Some(Stop::Number) => Err(JsonError::NotIJson {
-                    path: refusal.take().map(|(path, _)| path).unwrap_or_default(),
+                    path: failed_at.take().unwrap_or_default(),
                     message: "a number is not exactly representable as an IEEE 754 double"
                         .to_owned(),
                 }),
@@ -152,7 +156,6 @@ fn stopped_at(bytes: &[u8], line: usize, column: usize) -> Option<Stop> {
     if surrogate {
         return Some(Stop::Surrogate);
     }
-    let in_number = |b: &u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
     let start = bytes[..end]
         .iter()
         .rposition(|b| !in_number(b))
@@ -188,6 +191,67 @@ fn is_json_number(token: &str) -> bool {
         rest = &exponent[n..];
     }
     rest.is_empty()
+}
+
+/// Each number's text as it stands in the body, in the order serde_json
+/// reads them: a scan that skips strings and stops at the next number
+/// token. serde_json visits every value of the body in document order and
+/// the readers here visit all of them, so the n-th number visited is the
+/// n-th number token outside a string.
+struct NumberTexts<'b> {
+    bytes: &'b [u8],
+    next: std::cell::Cell<usize>,
+}
+
+impl<'b> NumberTexts<'b> {
+    fn new(bytes: &'b [u8]) -> Self {
+        Self {
+            bytes,
+            next: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The text of the next number token, past the one returned before.
+    fn next_text(&self) -> Option<&'b str> {
+        let bytes = self.bytes;
+        let mut at = self.next.get();
+        while let Some(&byte) = bytes.get(at) {
+            match byte {
+                b'"' => {
+                    at += 1;
+                    while let Some(&inside) = bytes.get(at) {
+                        at += match inside {
+                            b'\\' => 2,
+                            b'"' => 1,
+                            _ => {
+                                at += 1;
+                                continue;
+                            }
+                        };
+                        if inside == b'"' {
+                            break;
+                        }
+                    }
+                }
+                b'-' | b'0'..=b'9' => {
+                    let start = at;
+                    while bytes.get(at).is_some_and(in_number) {
+                        at += 1;
+                    }
+                    self.next.set(at);
+                    return std::str::from_utf8(&bytes[start..at]).ok();
+                }
+                _ => at += 1,
+            }
+        }
+        self.next.set(at);
+        None
+    }
+}
+
+/// A byte that may stand inside a JSON number.
+fn in_number(byte: &u8) -> bool {
+    byte.is_ascii_digit() || matches!(byte, b'.' | b'e' | b'E' | b'+' | b'-')
 }
 
 /// One step of the path from the root to the value being read.
@@ -233,6 +297,10 @@ struct StrictVisitor<'a> {
     depth: usize,
     at: Option<&'a At<'a>>,
     refusal: &'a std::cell::RefCell<Option<(String, String)>>,
+    /// The path of the innermost value serde_json failed to read (a number
+    /// beyond any double, a lone surrogate), recorded on the way out.
+    failed_at: &'a std::cell::RefCell<Option<String>>,
+    numbers: &'a NumberTexts<'a>,
 }
 
 impl<'de> DeserializeSeed<'de> for StrictVisitor<'_> {
@@ -269,8 +337,27 @@ impl<'a> StrictVisitor<'a> {
         E::custom(message)
     }
 
-    /// A number as sent, kept only if canonicalization keeps its value.
-    fn number<E: de::Error>(self, text: &str) -> Result<Value, E> {
+    /// Records, once, that reading the value at this path failed: the
+    /// innermost container sees the failure first.
+    fn failed<E>(self, error: E) -> E {
+        let mut failed_at = self.failed_at.borrow_mut();
+        if failed_at.is_none() {
+            *failed_at = Some(render(self.at));
+        }
+        error
+    }
+
+    /// The text of the number serde_json has just read.
+    fn number_text<E: de::Error>(self) -> Result<&'a str, E> {
+        self.numbers
+            .next_text()
+            .ok_or_else(|| self.refuse("a number whose text was not found".to_owned()))
+    }
+
+    /// The number just read, as sent, kept only if canonicalization keeps
+    /// its value.
+    fn number<E: de::Error>(self) -> Result<Value, E> {
+        let text = self.number_text()?;
         Ok(match self.exact(text)? {
             Exact::Small(exact) => Value::Number(exact.into()),
             Exact::Checked { number, .. } => Value::Number(number),
@@ -289,7 +376,7 @@ impl<'a> StrictVisitor<'a> {
                 "number {text} is not exactly representable as an IEEE 754 double"
             ))
         };
-        let number: serde_json::Number = serde_json::from_str(text).map_err(|_| refused())?;
+        let number = exact_double(text).ok_or_else(refused)?;
         let canonical = serde_json_canonicalizer::to_string(&number).map_err(|_| refused())?;
         if same_decimal(text, &canonical) {
             Ok(Exact::Checked { number, canonical })
@@ -308,6 +395,23 @@ enum Exact {
         number: serde_json::Number,
         canonical: String,
     },
+}
+
+/// `text` (a well-formed JSON number) as a `Number`: an integer that fits
+/// 64 bits as one, any other as the double nearest its value (Rust's
+/// parse rounds correctly; whether that double is exactly the value
+/// written is checked by the caller). `None` beyond a double's range.
+fn exact_double(text: &str) -> Option<serde_json::Number> {
+    if !text.contains(['.', 'e', 'E']) {
+        if let Ok(integer) = text.parse::<i64>() {
+            if text != "-0" {
+                return Some(integer.into());
+            }
+        } else if let Ok(integer) = text.parse::<u64>() {
+            return Some(integer.into());
+        }
+    }
+    serde_json::Number::from_f64(text.parse::<f64>().ok()?)
 }
 
 /// An integer written without sign tricks, fraction or exponent, and with
@@ -372,16 +476,16 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
         Ok(Value::Bool(v))
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        self.number(&v.to_string())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Value, E> {
+        self.number()
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        self.number(&v.to_string())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Value, E> {
+        self.number()
     }
 
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        self.number(&v.to_string())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Value, E> {
+        self.number()
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
@@ -404,7 +508,10 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
                 parent: self.at,
                 step: Step::Index(items.len()),
             };
-            match seq.next_element_seed(inner.at(&at))? {
+            match seq
+                .next_element_seed(inner.at(&at))
+                .map_err(|e| inner.at(&at).failed(e))?
+            {
                 Some(item) => items.push(item),
                 None => break,
             }
@@ -415,12 +522,8 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
         let mut map = Map::new();
         let mut first = true;
-        while let Some(key) = access.next_key::<String>()? {
-            if std::mem::take(&mut first) && key == NUMBER_TOKEN {
-                // Not an object: a number, as its text (`arbitrary_precision`).
-                let text: String = access.next_value()?;
-                return self.number(&text);
-            }
+        while let Some(key) = access.next_key::<String>().map_err(|e| self.failed(e))? {
+            first = false;
             let inner = self.nested()?;
             if map.contains_key(&key) {
                 return Err(self.refuse(format!("duplicate member name `{key}`")));
@@ -429,7 +532,9 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
                 parent: self.at,
                 step: Step::Member(&key),
             };
-            let value = access.next_value_seed(inner.at(&at))?;
+            let value = access
+                .next_value_seed(inner.at(&at))
+                .map_err(|e| inner.at(&at).failed(e))?;
             map.insert(key, value);
         }
         if first {
@@ -562,7 +667,8 @@ impl<'de> DeserializeSeed<'de> for CanonicalWriter<'_, '_> {
 }
 
 impl CanonicalWriter<'_, '_> {
-    fn number<E: de::Error>(self, text: &str) -> Result<(), E> {
+    fn number<E: de::Error>(self) -> Result<(), E> {
+        let text = self.strict.number_text()?;
         match self.strict.exact(text)? {
             Exact::Small(_) => self.out.push_str(text),
             Exact::Checked { canonical, .. } => self.out.push_str(&canonical),
@@ -570,7 +676,7 @@ impl CanonicalWriter<'_, '_> {
         Ok(())
     }
 
-    /// A map whose opening was read: `{}`, a number, or an object.
+    /// A map whose opening was read: `{}` or an object.
     fn map_from<'de, A: MapAccess<'de>>(
         self,
         access: A,
@@ -582,7 +688,6 @@ impl CanonicalWriter<'_, '_> {
                 self.out.push_str("{}");
                 Ok(())
             }
-            Opening::Number(text) => self.number(&text),
             Opening::Object(first) => self.object_from(access, first),
         }
     }
@@ -616,13 +721,15 @@ impl CanonicalWriter<'_, '_> {
                 parent: strict.at,
                 step: Step::Member(&name),
             };
-            access.next_value_seed(CanonicalWriter {
-                strict: inner.at(&at),
-                out: &mut *out,
-            })?;
+            access
+                .next_value_seed(CanonicalWriter {
+                    strict: inner.at(&at),
+                    out: &mut *out,
+                })
+                .map_err(|e| inner.at(&at).failed(e))?;
             spans.push(member_start..out.len());
             names.push(name);
-            next = access.next_key_seed(Name)?;
+            next = access.next_key_seed(Name).map_err(|e| strict.failed(e))?;
         }
         if !sorted {
             let written = out[body_start..].to_owned();
@@ -654,16 +761,16 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
         Ok(())
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(&v.to_string())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.number()
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(&v.to_string())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.number()
     }
 
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(&v.to_string())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.number()
     }
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
@@ -694,7 +801,11 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
                 strict: inner.at(&at),
                 out: &mut *out,
             };
-            if seq.next_element_seed(seed)?.is_none() {
+            if seq
+                .next_element_seed(seed)
+                .map_err(|e| inner.at(&at).failed(e))?
+                .is_none()
+            {
                 out.truncate(before);
                 break;
             }
@@ -705,17 +816,14 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<(), A::Error> {
-        let opening = Opening::read(&mut access)?;
+        let opening = Opening::read(&mut access).map_err(|e| self.strict.failed(e))?;
         self.map_from(access, opening)
     }
 }
 
-/// What a map's first entry makes of it. With `arbitrary_precision`,
-/// serde_json hands a number over as a map whose only key is
-/// `NUMBER_TOKEN`, its value the number's text.
+/// What a map's first entry makes of it.
 enum Opening<'de> {
     EmptyObject,
-    Number(String),
     /// An object, and the name of its first member.
     Object(Cow<'de, str>),
 }
@@ -724,7 +832,6 @@ impl<'de> Opening<'de> {
     fn read<A: MapAccess<'de>>(access: &mut A) -> Result<Self, A::Error> {
         Ok(match access.next_key_seed(Name)? {
             None => Self::EmptyObject,
-            Some(name) if name == NUMBER_TOKEN => Self::Number(access.next_value()?),
             Some(name) => Self::Object(name),
         })
     }
@@ -785,18 +892,14 @@ impl<'de> Visitor<'de> for ContentVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Content, A::Error> {
-        match Opening::read(&mut access)? {
-            Opening::Number(text) => self.strict.number(&text).map(Content::Other),
-            object => {
-                let mut out = String::new();
-                CanonicalWriter {
-                    strict: self.strict,
-                    out: &mut out,
-                }
-                .map_from(access, object)?;
-                Ok(Content::Object(out))
-            }
+        let opening = Opening::read(&mut access).map_err(|e| self.strict.failed(e))?;
+        let mut out = String::new();
+        CanonicalWriter {
+            strict: self.strict,
+            out: &mut out,
         }
+        .map_from(access, opening)?;
+        Ok(Content::Object(out))
     }
 }
 
@@ -858,14 +961,10 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Members, A::Error> {
         let strict = self.strict;
-        let mut next = match Opening::read(&mut access)? {
+        let mut next = match Opening::read(&mut access).map_err(|e| strict.failed(e))? {
             Opening::EmptyObject => {
                 strict.nested::<A::Error>()?;
                 None
-            }
-            Opening::Number(text) => {
-                strict.number::<A::Error>(&text)?;
-                return Ok(Members::NotObject);
             }
             Opening::Object(first) => Some(first),
         };
@@ -884,24 +983,29 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
             };
             let inner = inner.at(&at);
             if name == self.canonical {
-                match access.next_value_seed(ContentVisitor { strict: inner })? {
+                match access
+                    .next_value_seed(ContentVisitor { strict: inner })
+                    .map_err(|e| inner.failed(e))?
+                {
                     Content::Object(text) => canonical = Some(text),
                     Content::Other(value) => {
                         kept.insert(name.to_string(), value);
                     }
                 }
             } else if self.kept.contains(&&*name) {
-                let value = access.next_value_seed(inner)?;
+                let value = access.next_value_seed(inner).map_err(|e| inner.failed(e))?;
                 kept.insert(name.to_string(), value);
             } else {
                 dropped.clear();
-                access.next_value_seed(CanonicalWriter {
-                    strict: inner,
-                    out: &mut dropped,
-                })?;
+                access
+                    .next_value_seed(CanonicalWriter {
+                        strict: inner,
+                        out: &mut dropped,
+                    })
+                    .map_err(|e| inner.failed(e))?;
             }
             names.push(name);
-            next = access.next_key_seed(Name)?;
+            next = access.next_key_seed(Name).map_err(|e| strict.failed(e))?;
         }
         Ok(Members::Object { kept, canonical })
     }

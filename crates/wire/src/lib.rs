@@ -9,10 +9,9 @@
 //!
 //! Features: `openapi` derives the types' OpenAPI schemas (the server's
 //! document); `reference` adds the tree-building parse the one-pass one is
-//! held to in the server's property tests. Numbers are kept as sent, so
-//! serde_json's `arbitrary_precision` is on for every crate that links this
-//! one (a program that also parses JSON numbers through `serde(flatten)` or
-//! untagged enums should know).
+//! held to in the server's property tests. Numbers are kept exact by
+//! `plan-intake-json` without any serde_json feature, so linking this crate
+//! changes nothing in how a program's own types read JSON.
 //!
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
