@@ -13,7 +13,9 @@ use serde_json::Value;
 use crate::on_both_backends_sync;
 use crate::support::TestDb;
 use crate::support::load::Load;
-use crate::support::process::{ServeProcess, client, login_via_cli, post_plan, run_cli_at};
+use crate::support::process::{
+    ServeProcess, client, keep_plan, login_via_cli, post_plan, run_cli_at,
+};
 
 on_both_backends_sync!(
     signed_receipts_and_their_proofs_verify_offline,
@@ -175,10 +177,7 @@ fn submit(addr: &str, token: &str, prefix: &str, count: usize) -> Vec<Value> {
     (0..count)
         .map(|i| {
             let run = format!("{prefix}-{i}");
-            let (status, receipt) =
-                post_plan(&agent, addr, token, &format!("key-{run}"), &body(&run)).expect("answer");
-            assert_eq!(status, 201, "{receipt}");
-            receipt
+            keep_plan(&agent, addr, token, &format!("key-{run}"), &body(&run))
         })
         .collect()
 }

@@ -340,6 +340,26 @@ pub fn post_plan(
     Ok((status, body))
 }
 
+/// How often a planner retries a 503 (same key) before a test calls it
+/// lost: a busy machine may time one request out, never three in a row.
+const PLANNER_RETRIES: usize = 2;
+
+/// POSTs a plan as a planner does: a 503 is retried under the same key, so
+/// the answer is 201, or 200 (a replay) when a 503 came first. The receipt.
+#[track_caller]
+pub fn keep_plan(agent: &ureq::Agent, addr: &str, token: &str, key: &str, body: &str) -> Value {
+    let mut busy = 0;
+    loop {
+        let (status, receipt) = post_plan(agent, addr, token, key, body).expect("an answer");
+        match status {
+            503 if busy < PLANNER_RETRIES => busy += 1,
+            201 => return receipt,
+            200 if busy > 0 => return receipt,
+            _ => panic!("{status} after {busy} 503s: {receipt}"),
+        }
+    }
+}
+
 /// GETs `path`; the status and the body parsed as JSON (Null when not JSON).
 pub fn get(agent: &ureq::Agent, addr: &str, token: &str, path: &str) -> (u16, Value) {
     let response = match agent
