@@ -4,6 +4,7 @@
 mod access;
 mod admission;
 mod answers;
+mod async_client;
 mod batch_horizon;
 mod cli;
 mod crash;

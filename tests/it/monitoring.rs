@@ -7,10 +7,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use plan_intake::intake::Permission;
-
-use crate::support::process::{ServeProcess, client, free_port, post_plan};
-use crate::support::{REQUIRE_POSTGRES_VAR, TestApp, TestDb, plan_body};
+use crate::support::process::{client, free_port, post_plan, served_sqlite};
+use crate::support::{REQUIRE_POSTGRES_VAR, plan_body};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -204,12 +202,7 @@ fn prometheus_finds_every_series_the_alerts_and_dashboard_name() {
     let Some(binary) = prometheus_binary() else {
         return;
     };
-    let scratch = TestDb::sqlite();
-    let url = scratch.url.clone();
-    let app = TestApp::new(scratch);
-    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
-    let reader = app.login("orders", &[Permission::ReceiptsRead]);
-    let server = ServeProcess::start(&url);
+    let (_app, server, planner, reader) = served_sqlite();
     let prometheus = Prometheus::start(binary, &server.addr);
     prometheus.wait_for(r#"up{job="plan-intake"} == 1"#, Duration::from_secs(60));
 

@@ -130,7 +130,7 @@ impl FollowError {
 }
 
 /// A page with its entries kept as sent, to be handed on byte for byte.
-type Page = FeedPage<Box<RawValue>>;
+pub type Page = FeedPage<Box<RawValue>>;
 
 /// Follows the feed from the cursor in `options.cursor_file` until `stop`
 /// is set (the page in hand is finished and its cursor saved first) or, with
@@ -146,11 +146,78 @@ pub fn follow(
         client,
         options,
         stop,
-        backoff: Backoff {
-            base: options.retry_base,
-            cap: super::submit::MAX_RETRY_DELAY,
-        },
+        backoff: backoff_of(options),
     };
+    check_options(options)?;
+    let mut done = Followed::default();
+    let Some((mut cursor, saved)) = run.starting_cursor()? else {
+        return Ok(done);
+    };
+    done.cursor_saved = saved;
+    loop {
+        let Some(page) = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait)? else {
+            return Ok(done);
+        };
+        if page.receipts.is_empty() {
+            done.passed_empty(options, &mut cursor, page.next)?;
+            if options.drain || stop.load(Ordering::SeqCst) {
+                return Ok(done);
+            }
+            continue;
+        }
+        if !run.hand_on(&page, cursor.as_ref(), out)? {
+            return Ok(done);
+        }
+        done.handed_on(options, &mut cursor, page)?;
+        if stop.load(Ordering::SeqCst) {
+            return Ok(done);
+        }
+    }
+}
+
+impl Followed {
+    /// An empty page: its cursor is saved if it moved (the feed's end as
+    /// the service places it), so a restart starts there.
+    pub(crate) fn passed_empty(
+        &mut self,
+        options: &FollowOptions,
+        cursor: &mut Option<FeedCursor>,
+        next: FeedCursor,
+    ) -> Result<(), FollowError> {
+        if cursor.as_ref() != Some(&next) {
+            save_cursor(&options.cursor_file, &next)?;
+            self.cursor_saved = true;
+            *cursor = Some(next);
+        }
+        Ok(())
+    }
+
+    /// A page handed on: only now is its cursor saved.
+    pub(crate) fn handed_on(
+        &mut self,
+        options: &FollowOptions,
+        cursor: &mut Option<FeedCursor>,
+        page: Page,
+    ) -> Result<(), FollowError> {
+        save_cursor(&options.cursor_file, &page.next)?;
+        self.cursor_saved = true;
+        self.pages += 1;
+        self.receipts += page.receipts.len() as u64;
+        *cursor = Some(page.next);
+        Ok(())
+    }
+}
+
+/// The retries' backoff: from `retry_base`, capped as submit's.
+pub(crate) fn backoff_of(options: &FollowOptions) -> Backoff {
+    Backoff {
+        base: options.retry_base,
+        cap: super::submit::MAX_RETRY_DELAY,
+    }
+}
+
+/// Bounds the service would refuse, refused before anything is sent.
+pub(crate) fn check_options(options: &FollowOptions) -> Result<(), FollowError> {
     if !(1..=MAX_LIMIT).contains(&options.limit) {
         return Err(FollowError::Options(format!(
             "limit {} is outside 1 to {MAX_LIMIT}",
@@ -164,38 +231,140 @@ pub fn follow(
             MAX_WAIT.as_secs()
         )));
     }
-    let mut done = Followed::default();
-    let Some((mut cursor, saved)) = run.starting_cursor()? else {
-        return Ok(done);
-    };
-    done.cursor_saved = saved;
-    loop {
-        let Some(page) = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait)? else {
-            return Ok(done);
-        };
-        if page.receipts.is_empty() {
-            if cursor.as_ref() != Some(&page.next) {
-                save_cursor(&options.cursor_file, &page.next)?;
-                done.cursor_saved = true;
-                cursor = Some(page.next);
-            }
-            if options.drain || stop.load(Ordering::SeqCst) {
-                return Ok(done);
-            }
-            continue;
-        }
-        if !run.hand_on(&page, cursor.as_ref(), out)? {
-            return Ok(done);
-        }
-        save_cursor(&options.cursor_file, &page.next)?;
-        done.cursor_saved = true;
-        done.pages += 1;
-        done.receipts += page.receipts.len() as u64;
-        cursor = Some(page.next);
-        if stop.load(Ordering::SeqCst) {
-            return Ok(done);
-        }
+    Ok(())
+}
+
+/// Where a run starts, from its cursor file.
+pub(crate) enum Start {
+    /// The saved cursor.
+    Saved(FeedCursor),
+    /// No file, `from_start`: the feed's first receipt.
+    First,
+    /// No file: the feed's current end, to be saved before the first page.
+    AtEnd,
+}
+
+pub(crate) fn start_of(options: &FollowOptions) -> Result<Start, FollowError> {
+    let path = &options.cursor_file;
+    match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => Err(FollowError::BadCursor(format!(
+            "cursor file {} is empty; remove it to start at the feed's end",
+            path.display()
+        ))),
+        Ok(text) => Ok(Start::Saved(FeedCursor::new(text.trim()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(if options.from_start {
+            Start::First
+        } else {
+            Start::AtEnd
+        }),
+        Err(source) => Err(FollowError::CursorFile {
+            path: path.clone(),
+            source,
+        }),
     }
+}
+
+/// The feed request for one page past `after`.
+pub(crate) fn feed_query(options: &FollowOptions, after: Option<&str>, wait: Duration) -> String {
+    let mut query = format!(
+        "/v1/receipts?limit={}&wait={}",
+        options.limit,
+        wait.as_secs()
+    );
+    if let Some(after) = after {
+        query.push_str("&after=");
+        query.extend(url::form_urlencoded::byte_serialize(after.as_bytes()));
+    }
+    if options.expand {
+        query.push_str("&expand=plan");
+    }
+    query
+}
+
+/// What one feed request's exchange means.
+pub(crate) enum PageVerdict {
+    Page(Page),
+    Stop(FollowError),
+    Retry {
+        why: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The rules for a feed answer, both APIs': a page; an answer that will
+/// not change (a cursor the service cannot place, no permission); or one
+/// to wait out (no answer, 408, 429, 5xx).
+pub(crate) fn judge_page(exchange: Exchange, options: &FollowOptions) -> PageVerdict {
+    let answer = match exchange {
+        Exchange::NoAnswer(why) => {
+            return PageVerdict::Retry {
+                why: format!("no answer: {why}"),
+                retry_after: None,
+            };
+        }
+        Exchange::Unreachable(why) => {
+            return PageVerdict::Stop(FollowError::Unexpected(format!(
+                "cannot reach the service: {why}"
+            )));
+        }
+        Exchange::Answer(answer) => answer,
+    };
+    PageVerdict::Stop(match answer.status {
+        200 => {
+            return match serde_json::from_str::<Page>(&answer.body) {
+                Ok(page) => PageVerdict::Page(page),
+                Err(e) => PageVerdict::Stop(FollowError::Unexpected(format!(
+                    "a page that is not a feed page: {e}"
+                ))),
+            };
+        }
+        400 if answer.is_problem(CURSOR_NOT_IN_FEED) => FollowError::BadCursor(format!(
+            "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped: remove the file to start at the feed's current end, or remove it and pass --from-start to read the whole feed again (downstream must then tolerate repeats)",
+            options.cursor_file.display(),
+        )),
+        // The options were checked before anything was sent: what the
+        // service refuses is the cursor.
+        400 => FollowError::BadCursor(format!(
+            "cursor file {} holds no cursor the service reads ({}): remove it to start at the feed's current end, or remove it and pass --from-start to read the whole feed",
+            options.cursor_file.display(),
+            answer.summary()
+        )),
+        401 | 403 => FollowError::Denied(answer.summary()),
+        408 | 429 | 500..=599 => {
+            return PageVerdict::Retry {
+                why: answer.summary(),
+                retry_after: answer.retry_after,
+            };
+        }
+        _ => FollowError::Unexpected(answer.summary()),
+    })
+}
+
+/// The wait before retrying after the `failures`-th failure, told at WARN.
+pub(crate) fn retry_wait(
+    backoff: &Backoff,
+    failures: u32,
+    why: &str,
+    retry_after: Option<Duration>,
+) -> Duration {
+    let delay = backoff.delay(failures, retry_after);
+    tracing::warn!(
+        failures,
+        "reading the feed: {why}; retrying in {} ms",
+        delay.as_millis()
+    );
+    delay
+}
+
+/// A page's entries as JSON lines, byte for byte as sent.
+pub(crate) fn lines_of(page: &Page) -> Vec<u8> {
+    let entries = &page.receipts;
+    let mut lines = Vec::with_capacity(entries.iter().map(|e| e.get().len() + 1).sum());
+    for entry in entries {
+        lines.extend_from_slice(entry.get().as_bytes());
+        lines.push(b'\n');
+    }
+    lines
 }
 
 struct Run<'a> {
@@ -212,94 +381,35 @@ impl Run<'_> {
     /// `None`: asked to stop before a start was known. With the cursor,
     /// whether it was saved just now.
     fn starting_cursor(&mut self) -> Result<Option<(Option<FeedCursor>, bool)>, FollowError> {
-        let path = &self.options.cursor_file;
-        match std::fs::read_to_string(path) {
-            Ok(text) if text.trim().is_empty() => Err(FollowError::BadCursor(format!(
-                "cursor file {} is empty; remove it to start at the feed's end",
-                path.display()
-            ))),
-            Ok(text) => Ok(Some((Some(FeedCursor::new(text.trim())), false))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if self.options.from_start {
-                    return Ok(Some((None, false)));
-                }
+        match start_of(self.options)? {
+            Start::Saved(cursor) => Ok(Some((Some(cursor), false))),
+            Start::First => Ok(Some((None, false))),
+            Start::AtEnd => {
                 let Some(end) = self.fetch(Some(FeedCursor::NOW), Duration::ZERO)? else {
                     return Ok(None);
                 };
-                save_cursor(path, &end.next)?;
+                save_cursor(&self.options.cursor_file, &end.next)?;
                 Ok(Some((Some(end.next), true)))
             }
-            Err(source) => Err(FollowError::CursorFile {
-                path: path.clone(),
-                source,
-            }),
         }
     }
 
     /// One page past `after`, retried (with backoff) until the service
     /// answers it. `None`: asked to stop meanwhile.
     fn fetch(&mut self, after: Option<&str>, wait: Duration) -> Result<Option<Page>, FollowError> {
-        let mut query = format!(
-            "/v1/receipts?limit={}&wait={}",
-            self.options.limit,
-            wait.as_secs()
-        );
-        if let Some(after) = after {
-            query.push_str("&after=");
-            query.extend(url::form_urlencoded::byte_serialize(after.as_bytes()));
-        }
-        if self.options.expand {
-            query.push_str("&expand=plan");
-        }
+        let query = feed_query(self.options, after, wait);
         let mut failures = 0u32;
         loop {
             let Some(exchange) = self.get_unless_stopped(&query, wait) else {
                 return Ok(None);
             };
-            let (why, retry_after) = match exchange {
-                Exchange::NoAnswer(why) => (format!("no answer: {why}"), None),
-                Exchange::Unreachable(why) => {
-                    return Err(FollowError::Unexpected(format!(
-                        "cannot reach the service: {why}"
-                    )));
-                }
-                Exchange::Answer(answer) => match answer.status {
-                    200 => {
-                        return serde_json::from_str::<Page>(&answer.body)
-                            .map(Some)
-                            .map_err(|e| {
-                                FollowError::Unexpected(format!(
-                                    "a page that is not a feed page: {e}"
-                                ))
-                            });
-                    }
-                    400 if answer.is_problem(CURSOR_NOT_IN_FEED) => {
-                        return Err(FollowError::BadCursor(format!(
-                            "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped: remove the file to start at the feed's current end, or remove it and pass --from-start to read the whole feed again (downstream must then tolerate repeats)",
-                            self.options.cursor_file.display(),
-                        )));
-                    }
-                    // The options were checked before anything was sent:
-                    // what the service refuses is the cursor.
-                    400 => {
-                        return Err(FollowError::BadCursor(format!(
-                            "cursor file {} holds no cursor the service reads ({}): remove it to start at the feed's current end, or remove it and pass --from-start to read the whole feed",
-                            self.options.cursor_file.display(),
-                            answer.summary()
-                        )));
-                    }
-                    401 | 403 => return Err(FollowError::Denied(answer.summary())),
-                    408 | 429 | 500..=599 => (answer.summary(), answer.retry_after),
-                    _ => return Err(FollowError::Unexpected(answer.summary())),
-                },
+            let (why, retry_after) = match judge_page(exchange, self.options) {
+                PageVerdict::Page(page) => return Ok(Some(page)),
+                PageVerdict::Stop(error) => return Err(error),
+                PageVerdict::Retry { why, retry_after } => (why, retry_after),
             };
             failures += 1;
-            let delay = self.backoff.delay(failures, retry_after);
-            tracing::warn!(
-                failures,
-                "reading the feed: {why}; retrying in {} ms",
-                delay.as_millis()
-            );
+            let delay = retry_wait(&self.backoff, failures, &why, retry_after);
             if pause_unless_stopped(self.stop, delay) {
                 return Ok(None);
             }
@@ -344,11 +454,7 @@ impl Run<'_> {
         out: &mut dyn Write,
     ) -> Result<bool, FollowError> {
         let entries = &page.receipts;
-        let mut lines = Vec::with_capacity(entries.iter().map(|e| e.get().len() + 1).sum());
-        for entry in entries {
-            lines.extend_from_slice(entry.get().as_bytes());
-            lines.push(b'\n');
-        }
+        let lines = lines_of(page);
         let Some(command) = &self.options.exec else {
             out.write_all(&lines)
                 .and_then(|()| out.flush())
@@ -483,7 +589,7 @@ fn run_command(
 /// Replaces the cursor file so that a crash at any moment leaves either the
 /// old cursor or the new one, never a torn one: temp file, fsync, rename,
 /// fsync of the directory (which makes the rename itself durable).
-fn save_cursor(path: &Path, cursor: &FeedCursor) -> Result<(), FollowError> {
+pub(crate) fn save_cursor(path: &Path, cursor: &FeedCursor) -> Result<(), FollowError> {
     let failed = |source| FollowError::CursorFile {
         path: path.to_owned(),
         source,

@@ -4,6 +4,8 @@
 //! It talks to the service only through its HTTP API, as any other client
 //! would.
 
+#[cfg(feature = "async")]
+pub mod asynchronous;
 mod follow;
 mod submit;
 
@@ -14,7 +16,7 @@ use std::time::Duration;
 /// receipt a submit returns, problems, the feed's page and cursor.
 pub use plan_intake_wire as wire;
 
-pub use follow::{FollowError, FollowOptions, Followed, follow};
+pub use follow::{FollowError, FollowOptions, Followed, Page, follow};
 pub use submit::{
     DEFAULT_RETRY_BASE, LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions,
     Submitted, derive_key,
@@ -49,19 +51,12 @@ pub enum ClientError {
 impl Client {
     /// `base_url` is the service's root, e.g. `http://127.0.0.1:8080`.
     pub fn new(base_url: &str, token: &str) -> Result<Self, ClientError> {
-        let parsed = url::Url::parse(base_url).map_err(|_| ClientError::BadUrl(base_url.into()))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-            return Err(ClientError::BadUrl(base_url.into()));
-        }
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(ClientError::EmptyToken);
-        }
+        let (base, authorization) = base_and_authorization(base_url, token)?;
         Ok(Self {
-            base: base_url.trim_end_matches('/').to_owned(),
-            authorization: format!("Bearer {token}"),
+            base,
+            authorization,
             agent: ureq::AgentBuilder::new()
-                .timeout_connect(Duration::from_secs(5))
+                .timeout_connect(CONNECT_TIMEOUT)
                 .build(),
         })
     }
@@ -69,6 +64,26 @@ impl Client {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+}
+
+/// How long a connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The service's root without a trailing `/`, and the `Authorization`
+/// header's value; both APIs' clients are made from these.
+fn base_and_authorization(base_url: &str, token: &str) -> Result<(String, String), ClientError> {
+    let parsed = url::Url::parse(base_url).map_err(|_| ClientError::BadUrl(base_url.into()))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(ClientError::BadUrl(base_url.into()));
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(ClientError::EmptyToken);
+    }
+    Ok((
+        base_url.trim_end_matches('/').to_owned(),
+        format!("Bearer {token}"),
+    ))
 }
 
 /// What one HTTP exchange gave: an answer of any status, or none at all.
@@ -133,18 +148,27 @@ impl Exchange {
             // A TLS handshake answered with bytes that are not TLS
             // (`https://` to a plain-HTTP port): the data is invalid, which
             // a refused or dropped connection never is.
-            _ if source_chain(transport).any(|e| {
-                e.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
-            }) =>
-            {
-                Self::Unreachable(format!(
-                    "{why} (the TLS handshake failed: does the service speak https? plan-intake serve speaks plain http unless a TLS proxy is in front)"
-                ))
-            }
+            _ if invalid_data_below(transport) => Self::handshake_failed(&why),
             _ => Self::NoAnswer(why),
         }
     }
+
+    /// A TLS handshake answered with what is not TLS.
+    fn handshake_failed(why: &str) -> Self {
+        Self::Unreachable(format!(
+            "{why} (the TLS handshake failed: does the service speak https? plan-intake serve speaks plain http unless a TLS proxy is in front)"
+        ))
+    }
+}
+
+/// Whether an I/O error of kind `InvalidData` lies below `error`: bytes
+/// came back that the protocol cannot read, which a refused or dropped
+/// connection never gives.
+fn invalid_data_below(error: &(dyn std::error::Error + 'static)) -> bool {
+    source_chain(error).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+    })
 }
 
 /// `error` and every error below it.

@@ -214,61 +214,112 @@ impl Client {
     /// TLS handshake with a plain-HTTP port). Retries wait with full
     /// jitter, at least `Retry-After`.
     pub fn submit(&self, body: &[u8], options: &SubmitOptions) -> Result<Submitted, SubmitError> {
-        let key = options.key.clone().unwrap_or_else(|| derive_key(body));
-        let backoff = Backoff {
-            base: options.retry_base,
-            cap: MAX_RETRY_DELAY,
-        };
-        let started = Instant::now();
-        let deadline = started + options.timeout;
-        let mut server_errors = 0u32;
-        let mut attempt = 0u32;
+        let mut attempts = Attempts::new(body, options);
         loop {
-            attempt += 1;
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = attempts.begin();
             let exchange = Exchange::from_ureq(
                 self.agent
                     .post(&self.url("/v1/plans"))
                     .timeout(left)
                     .set("Authorization", &self.authorization)
-                    .set("Idempotency-Key", &key)
+                    .set("Idempotency-Key", attempts.key())
                     .set("Content-Type", "application/json")
                     .send_bytes(body),
             );
-            let gave_up = |ran_out: RanOut, last: LastAnswer| SubmitError::GaveUp {
+            match attempts.answered(exchange) {
+                Next::Finished(result) => return *result,
+                Next::Wait(wait) => std::thread::sleep(wait),
+            }
+        }
+    }
+}
+
+/// One submit's attempts, and the rules that decide after each one: the
+/// blocking and the async API both drive this, so they retry alike.
+pub(crate) struct Attempts {
+    key: String,
+    backoff: Backoff,
+    started: Instant,
+    deadline: Instant,
+    max_attempts: Option<u32>,
+    server_errors: u32,
+    attempt: u32,
+}
+
+/// What follows an attempt.
+pub(crate) enum Next {
+    Finished(Box<Result<Submitted, SubmitError>>),
+    /// Wait this long, then make the next attempt.
+    Wait(Duration),
+}
+
+impl Attempts {
+    pub(crate) fn new(body: &[u8], options: &SubmitOptions) -> Self {
+        let started = Instant::now();
+        Self {
+            key: options.key.clone().unwrap_or_else(|| derive_key(body)),
+            backoff: Backoff {
+                base: options.retry_base,
+                cap: MAX_RETRY_DELAY,
+            },
+            started,
+            deadline: started + options.timeout,
+            max_attempts: options.max_attempts,
+            server_errors: 0,
+            attempt: 0,
+        }
+    }
+
+    /// The key every attempt carries.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Starts the next attempt: the time it may take.
+    pub(crate) fn begin(&mut self) -> Duration {
+        self.attempt += 1;
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Judges the attempt's exchange: finished, or the wait before the next.
+    pub(crate) fn answered(&mut self, exchange: Exchange) -> Next {
+        let attempt = self.attempt;
+        let gave_up = |ran_out: RanOut, last: LastAnswer| {
+            Next::Finished(Box::new(Err(SubmitError::GaveUp {
                 attempts: attempt,
-                elapsed: started.elapsed(),
+                elapsed: self.started.elapsed(),
                 ran_out,
                 last,
-            };
-            let (why, retry_after) = match judge(exchange, &key, attempt, &mut server_errors) {
-                Verdict::Done(submitted) => return Ok(*submitted),
-                Verdict::Stop(error) => return Err(error),
-                Verdict::GiveUp(last) => return Err(gave_up(RanOut::ServerErrors, last)),
-                Verdict::Retry { why, retry_after } => (why, retry_after),
-            };
-            let wait = backoff.delay(attempt, retry_after);
-            if options.max_attempts.is_some_and(|cap| attempt >= cap) {
-                return Err(gave_up(RanOut::Attempts, why));
-            }
-            // The whole time is used: a wait that would pass the deadline
-            // is cut short for one more attempt before it, unless the
-            // service asked for longer (`Retry-After`) or too little is left
-            // for an attempt.
-            let left = deadline.saturating_duration_since(Instant::now());
-            let asked_longer = retry_after.is_some_and(|asked| asked >= left);
-            if asked_longer || left <= LAST_ATTEMPT {
-                return Err(gave_up(RanOut::Time { next_wait: wait }, why));
-            }
-            let wait = wait.min(left - LAST_ATTEMPT);
-            tracing::warn!(
-                attempt,
-                key = %key,
-                "{why}; retrying in {} ms with the same key",
-                wait.as_millis()
-            );
-            std::thread::sleep(wait);
+            })))
+        };
+        let (why, retry_after) = match judge(exchange, &self.key, attempt, &mut self.server_errors)
+        {
+            Verdict::Done(submitted) => return Next::Finished(Box::new(Ok(*submitted))),
+            Verdict::Stop(error) => return Next::Finished(Box::new(Err(error))),
+            Verdict::GiveUp(last) => return gave_up(RanOut::ServerErrors, last),
+            Verdict::Retry { why, retry_after } => (why, retry_after),
+        };
+        let wait = self.backoff.delay(attempt, retry_after);
+        if self.max_attempts.is_some_and(|cap| attempt >= cap) {
+            return gave_up(RanOut::Attempts, why);
         }
+        // The whole time is used: a wait that would pass the deadline is
+        // cut short for one more attempt before it, unless the service
+        // asked for longer (`Retry-After`) or too little is left for an
+        // attempt.
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let asked_longer = retry_after.is_some_and(|asked| asked >= left);
+        if asked_longer || left <= LAST_ATTEMPT {
+            return gave_up(RanOut::Time { next_wait: wait }, why);
+        }
+        let wait = wait.min(left - LAST_ATTEMPT);
+        tracing::warn!(
+            attempt,
+            key = %self.key,
+            "{why}; retrying in {} ms with the same key",
+            wait.as_millis()
+        );
+        Next::Wait(wait)
     }
 }
 

@@ -303,6 +303,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A service on a new SQLite database, a planner's token and a reader's.
+pub fn served_sqlite() -> (crate::support::TestApp, ServeProcess, String, String) {
+    use plan_intake::intake::Permission;
+    let scratch = crate::support::TestDb::sqlite();
+    let url = scratch.url.clone();
+    let app = crate::support::TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("orders", &[Permission::ReceiptsRead]);
+    let server = ServeProcess::start(&url);
+    (app, server, planner, reader)
+}
+
 /// A keep-alive HTTP/1.1 client.
 pub fn client() -> ureq::Agent {
     ureq::AgentBuilder::new()

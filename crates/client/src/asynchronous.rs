@@ -1,0 +1,261 @@
+//! The same client for async programs (feature `async`, on reqwest and
+//! tokio): [`AsyncClient::submit`] and [`follow`] keep the blocking API's
+//! rules, because they drive the same code that makes them (one key per
+//! call, which answers are retried, full-jitter backoff no sooner than
+//! `Retry-After`, the call's total time, the feed answers' meaning, and a
+//! cursor saved only after its page was handled). Only the HTTP exchange
+//! and the waiting are async here.
+//!
+//! Cancelling is dropping the future: a submit dropped mid-attempt may or
+//! may not have kept the plan (submit it again with the same key to learn
+//! which); a follow dropped at any point has saved the cursor of every
+//! page its handler finished, and no other.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use plan_intake_client::asynchronous::{AsyncClient, follow};
+//! use plan_intake_client::{FollowOptions, SubmitOptions};
+//!
+//! let client = AsyncClient::new("http://127.0.0.1:8080", "pit_…")?;
+//! let body = br#"{"run_id":"r-1","approved_inputs":[],"content":{}}"#;
+//! let submitted = client.submit(body, &SubmitOptions::default()).await?;
+//! println!("{}", submitted.receipt);
+//!
+//! // Each page is handed to the closure; its cursor is saved once it
+//! // returns Ok. An Err hands the same page again after a backoff.
+//! follow(&client, &FollowOptions::new("orders.cursor"), |page| async move {
+//!     for entry in &page.receipts {
+//!         println!("{}", entry.get());
+//!     }
+//!     Ok::<(), std::io::Error>(())
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use plan_intake_wire::feed::FeedCursor;
+
+use super::follow::{
+    PageVerdict, Start, backoff_of, check_options, feed_query, judge_page, retry_wait, start_of,
+};
+use super::submit::{Attempts, Next};
+use super::{
+    Answer, CONNECT_TIMEOUT, ClientError, Exchange, FollowError, FollowOptions, Followed, Page,
+    SubmitError, SubmitOptions, Submitted, base_and_authorization, invalid_data_below,
+    source_chain,
+};
+
+/// The service's address and the caller's token, over one pooled reqwest
+/// client (cheap to clone; clones share its connections).
+#[derive(Clone)]
+pub struct AsyncClient {
+    base: String,
+    authorization: String,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for AsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("AsyncClient")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl AsyncClient {
+    /// `base_url` is the service's root, e.g. `http://127.0.0.1:8080`.
+    pub fn new(base_url: &str, token: &str) -> Result<Self, ClientError> {
+        let (base, authorization) = base_and_authorization(base_url, token)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|_| ClientError::BadUrl(base_url.into()))?;
+        Ok(Self {
+            base,
+            authorization,
+            http,
+        })
+    }
+
+    /// As [`crate::Client::submit`], awaiting instead of blocking: the same
+    /// key on every attempt, the same answers retried, the same waits.
+    pub async fn submit(
+        &self,
+        body: &[u8],
+        options: &SubmitOptions,
+    ) -> Result<Submitted, SubmitError> {
+        let mut attempts = Attempts::new(body, options);
+        loop {
+            let left = attempts.begin();
+            let sent = self
+                .http
+                .post(format!("{}/v1/plans", self.base))
+                .timeout(left)
+                .header("Authorization", &self.authorization)
+                .header("Idempotency-Key", attempts.key())
+                .header("Content-Type", "application/json")
+                .body(body.to_vec())
+                .send()
+                .await;
+            match attempts.answered(Exchange::from_reqwest(sent).await) {
+                Next::Finished(result) => return *result,
+                Next::Wait(wait) => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
+    /// One feed page past `after`, retried as the blocking follower does
+    /// until the service answers it.
+    async fn fetch(
+        &self,
+        options: &FollowOptions,
+        after: Option<&str>,
+        wait: Duration,
+    ) -> Result<Page, FollowError> {
+        let url = format!("{}{}", self.base, feed_query(options, after, wait));
+        let backoff = backoff_of(options);
+        let mut failures = 0u32;
+        loop {
+            let sent = self
+                .http
+                .get(&url)
+                // The long poll, plus time for the page itself.
+                .timeout(wait + Duration::from_secs(30))
+                .header("Authorization", &self.authorization)
+                .send()
+                .await;
+            let (why, retry_after) = match judge_page(Exchange::from_reqwest(sent).await, options) {
+                PageVerdict::Page(page) => return Ok(page),
+                PageVerdict::Stop(error) => return Err(error),
+                PageVerdict::Retry { why, retry_after } => (why, retry_after),
+            };
+            failures += 1;
+            tokio::time::sleep(retry_wait(&backoff, failures, &why, retry_after)).await;
+        }
+    }
+}
+
+/// Follows the feed from the cursor in `options.cursor_file`, handing each
+/// non-empty page to `handle`; the page's cursor is saved (fsync, rename)
+/// only once `handle` returns `Ok`, and an `Err` hands the same page again
+/// after a backoff. Ends with `drain` at the first empty page; otherwise
+/// runs until dropped (every page finished by then is saved, no other).
+/// The save (a few milliseconds: write, fsync, rename, fsync of the
+/// directory) runs inline, with no await inside it, so dropping the future
+/// never leaves it half done.
+/// `options.exec` belongs to the blocking follower and is refused here.
+pub async fn follow<H, F, E>(
+    client: &AsyncClient,
+    options: &FollowOptions,
+    mut handle: H,
+) -> Result<Followed, FollowError>
+where
+    H: FnMut(Page) -> F,
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    check_options(options)?;
+    if options.exec.is_some() {
+        return Err(FollowError::Options(
+            "exec runs a command per page in the blocking follower; the async one hands each page to its handler".to_owned(),
+        ));
+    }
+    let backoff = backoff_of(options);
+    let mut done = Followed::default();
+    let mut cursor = match start_of(options)? {
+        Start::Saved(cursor) => Some(cursor),
+        Start::First => None,
+        Start::AtEnd => {
+            let end = client
+                .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
+                .await?;
+            let mut cursor = None;
+            done.passed_empty(options, &mut cursor, end.next)?;
+            cursor
+        }
+    };
+    loop {
+        let page = client
+            .fetch(
+                options,
+                cursor.as_ref().map(FeedCursor::as_str),
+                options.wait,
+            )
+            .await?;
+        if page.receipts.is_empty() {
+            done.passed_empty(options, &mut cursor, page.next)?;
+            if options.drain {
+                return Ok(done);
+            }
+            continue;
+        }
+        let mut failures = 0u32;
+        while let Err(why) = handle(page.clone()).await {
+            failures += 1;
+            let delay = backoff.delay(failures, None);
+            tracing::warn!(
+                failures,
+                receipts = page.receipts.len(),
+                "the page's handler failed: {why}; the page is handed to it again in {} ms",
+                delay.as_millis()
+            );
+            tokio::time::sleep(delay).await;
+        }
+        done.handed_on(options, &mut cursor, page)?;
+    }
+}
+
+impl Exchange {
+    /// What reqwest's exchange gave, read as the blocking client reads
+    /// ureq's.
+    async fn from_reqwest(sent: Result<reqwest::Response, reqwest::Error>) -> Self {
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => return Self::of_reqwest_error(&error),
+        };
+        let status = response.status().as_u16();
+        // Seconds only: the service sends no HTTP dates.
+        let retry_after = response
+            .headers()
+            .get("Retry-After")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        match response.text().await {
+            Ok(body) => Self::Answer(Answer {
+                status,
+                retry_after,
+                body,
+            }),
+            Err(e) => Self::NoAnswer(format!(
+                "the answer ({status}) was cut short: {}",
+                chain_text(&e)
+            )),
+        }
+    }
+
+    fn of_reqwest_error(error: &reqwest::Error) -> Self {
+        let why = chain_text(error);
+        if error.is_builder() {
+            Self::Unreachable(why)
+        } else if invalid_data_below(error) {
+            Self::handshake_failed(&why)
+        } else {
+            Self::NoAnswer(why)
+        }
+    }
+}
+
+/// An error and its causes on one line (reqwest's own text is only the
+/// outermost: "error sending request").
+fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+    source_chain(error)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
