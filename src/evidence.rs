@@ -100,7 +100,8 @@ pub fn generate(out: &Path, name: &str) -> Result<String, EvidenceError> {
     ))
 }
 
-fn trusted_keys(path: &Path) -> Result<TrustedKeys, EvidenceError> {
+/// The keys in `path`, pinned by the reader (a private key refused as one).
+pub fn trusted_keys(path: &Path) -> Result<TrustedKeys, EvidenceError> {
     let keys = TrustedKeys::parse(&read(path, "the keys")?)
         .map_err(|e| fail(EXIT_UNVERIFIED, format!("{}: {e}", path.display())))?;
     if keys.is_empty() {

@@ -10,7 +10,8 @@ use plan_intake_wire::feed;
 use super::{CommandError, ServiceArgs, connect, stop_on_signals, tell};
 
 pub const EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
-Exit status: 0 stopped or drained; 65 a cursor the service refuses; 77 not allowed (401, 403); \
+Exit status: 0 stopped or drained; 65 a cursor the service refuses, or keys that cannot be trusted; 77 not allowed (401, 403); \
+76 (--verify) a page not proven to be the signed log's next leaves: nothing of it handed on or saved; \
 74 the cursor file or the output cannot be written; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
 
 #[derive(Args)]
@@ -43,6 +44,12 @@ pub struct FollowArgs {
     /// Exit 0 at the first empty page (for batch jobs)
     #[arg(long)]
     pub drain: bool,
+    /// Hand on only receipts proven to be the signed receipt log's next leaves (each signature under --keys, one consistency proof a page); the proof so far is saved with the cursor. Starts at the feed's first receipt (--from-start) or from a cursor file a verifying follower saved; exits 76 at the first receipt that fails, naming its log index
+    #[arg(long, requires = "keys")]
+    pub verify: bool,
+    /// The keys --verify trusts, pinned: what `GET /v1/signing-keys` answered once, or verifier keys (`.pub` lines) one per line; nothing the service says adds one
+    #[arg(long, value_name = "FILE", requires = "verify")]
+    pub keys: Option<PathBuf>,
 }
 
 pub fn run(args: FollowArgs) -> Result<(), CommandError> {
@@ -55,7 +62,13 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         wait_secs,
         exec,
         drain,
+        verify,
+        keys,
     } = args;
+    let pinned = match keys.filter(|_| verify) {
+        Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
+        None => None,
+    };
     if from_start && cursor_file.exists() {
         tell!(
             "--from-start is ignored: {} holds a cursor, and the follower goes on from it (remove the file to start over)",
@@ -70,6 +83,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         wait: Duration::from_secs(wait_secs),
         exec,
         drain,
+        verify: pinned,
         ..FollowOptions::new(cursor_file)
     };
     let stop = stop_on_signals()?;

@@ -87,6 +87,43 @@ pub async fn consistency(
     Ok(HttpResponse::Ok().content_type(TEXT).body(proof))
 }
 
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ExtensionQuery {
+    /// The size of the tree the reader verified up to (0 from the start)
+    size: u64,
+    /// The size of the last checkpoint the reader saved, if any
+    since: Option<u64>,
+}
+
+#[utoipa::path(get, path = "/v1/checkpoint/extension", tag = "evidence",
+    params(ExtensionQuery),
+    responses(
+        (status = 200, description = "The newest checkpoint and the RFC 6962 consistency proofs to it from the tree of `size` leaves and from that of `since` leaves, in one answer: what a verifying follower asks once per page (`plan-intake follow --verify`)", body = crate::intake::receipt_log::CheckpointExtension),
+        (status = 400, description = "`size` missing or not a number, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No checkpoint holds `size` leaves yet (`not-logged-yet`, with `Retry-After`): the log takes a few seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn extension(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ExtensionQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
+        .into_inner();
+    let deadline = super::deadline::of(&req, &state);
+    let (size, since) = (query.size, query.since);
+    let extension = state
+        .blocking(deadline, move |intake| {
+            intake.checkpoint_extension(size, since, &deadline)
+        })
+        .await?
+        .ok_or(ApiError::NotLoggedYet(
+            "no checkpoint holds that many leaves yet; the log takes a few seconds",
+        ))?;
+    Ok(HttpResponse::Ok().json(extension))
+}
+
 #[utoipa::path(get, path = "/v1/receipts/{receipt_id}/proof", tag = "evidence",
     params(("receipt_id" = String, Path, description = "The receipt id")),
     security(("bearer" = [])),

@@ -168,6 +168,7 @@ fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                 "/v1/checkpoint/consistency",
                 evidence::consistency,
             ))
+            .service(readable("/v1/checkpoint/extension", evidence::extension))
             .service(readable("/healthz", healthz))
             .service(readable("/readyz", readyz))
             .service(readable("/metrics", metrics))

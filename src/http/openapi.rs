@@ -20,6 +20,7 @@ use utoipa::{Modify, OpenApi};
         super::evidence::signing_keys,
         super::evidence::checkpoint,
         super::evidence::consistency,
+        super::evidence::extension,
         super::healthz,
         super::readyz,
         super::metrics,

@@ -525,6 +525,39 @@ impl Intake {
         self.replicated(found, deadline)
     }
 
+    /// The newest checkpoint with the consistency proofs to it from the
+    /// trees of `size` and `since` leaves (`GET
+    /// /v1/checkpoint/extension`); `None` while it holds fewer than `size`.
+    /// Answered once the synchronous standby has the checkpoint.
+    pub fn checkpoint_extension(
+        &self,
+        size: u64,
+        since: Option<u64>,
+        deadline: &Deadline,
+    ) -> Result<Option<receipt_log::CheckpointExtension>, ReadError> {
+        use crate::storage::receipt_log::{ProofError, extension};
+        let mut answer = None;
+        self.db.read(deadline, |conn| {
+            answer = Some(extension(conn, size, since));
+            Ok(())
+        })?;
+        let texts =
+            |hashes: Vec<tlog_tiles::Hash>| hashes.iter().map(ToString::to_string).collect();
+        match answer {
+            Some(Ok((checkpoint, proof, since_proof))) => {
+                let found = receipt_log::CheckpointExtension {
+                    checkpoint: checkpoint.note,
+                    proof: texts(proof),
+                    since_proof: since_proof.map(texts),
+                };
+                self.replicated(Some(found), deadline)
+            }
+            Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
+            Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
+            _ => Ok(None),
+        }
+    }
+
     /// The `tlog-proof` of `receipt_id` in the newest checkpoint, if
     /// `login` may see the receipt: `Some(None)` while it is not in one yet.
     /// A proof is answered once the synchronous standby has its checkpoint.

@@ -61,35 +61,7 @@ pub fn proof_text(index: u64, proof: &[Hash], checkpoint: &str) -> String {
     text
 }
 
-/// A checkpoint whose signature holds under trusted keys.
-#[derive(Debug, Clone)]
-pub struct VerifiedCheckpoint {
-    pub origin: String,
-    pub size: u64,
-    pub root: Hash,
-    /// Who signed it (`name+id`, each verified).
-    pub signers: Vec<String>,
-}
-
-/// `note` as a checkpoint signed by at least one of `keys`.
-pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheckpoint, String> {
-    let parsed = signed_note::Note::from_bytes(note.as_bytes())
-        .map_err(|e| format!("not a signed note: {e}"))?;
-    let (signed, _) = parsed
-        .verify(&keys.note_verifiers())
-        .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
-    let checkpoint = Checkpoint::from_bytes(parsed.text())
-        .map_err(|_| "its text is not a checkpoint (origin, size, root hash)".to_owned())?;
-    Ok(VerifiedCheckpoint {
-        origin: checkpoint.origin().to_owned(),
-        size: checkpoint.size(),
-        root: *checkpoint.hash(),
-        signers: signed
-            .iter()
-            .map(|s| format!("{}+{:08x}", s.name(), s.id()))
-            .collect(),
-    })
-}
+pub use plan_intake_wire::evidence::{CheckpointExtension, VerifiedCheckpoint, verify_checkpoint};
 
 /// A `tlog-proof` read back: the leaf index, its inclusion proof and the
 /// checkpoint's signed note.

@@ -9,7 +9,7 @@ use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use signed_note::{Signer as _, StandardSigner, StandardVerifier, Verifier as _};
+use signed_note::{Signer as _, StandardSigner, StandardVerifier};
 
 use super::receipt::Receipt;
 
@@ -58,14 +58,6 @@ impl fmt::Debug for SigningKey {
 pub enum KeyError {
     #[error("not a signed-note private key (PRIVATE+KEY+name+id+key): {0}")]
     Malformed(String),
-    #[error("not a signed-note verifier key (name+id+key): {0}")]
-    MalformedPublic(String),
-    /// A private key given where public ones belong: refused without
-    /// repeating any of it.
-    #[error(
-        "key {0} of the file is a private key (PRIVATE+KEY+…), not a public one: give the public keys instead, the `.pub` file `signing-keys generate` wrote beside it or what GET /v1/signing-keys answers (keep the private file to the service)"
-    )]
-    PrivateWherePublic(usize),
     /// A public key given where the private one belongs.
     #[error(
         "this is a public (verifier) key, not the private one: give the file `signing-keys generate` wrote without `.pub`"
@@ -146,140 +138,9 @@ impl SigningKey {
     }
 }
 
-/// What a receipt's signature covers, and its leaf in the receipt log:
-/// the receipt's RFC 8785 text without `signature` and `outcome`. (It
-/// never holds a raw newline, which every signed note's text ends with, so
-/// the one key can sign both without one passing for the other.)
-pub fn signed_form(receipt: &Receipt) -> Result<Vec<u8>, serde_json::Error> {
-    let bare = Receipt {
-        signature: None,
-        outcome: None,
-        ..receipt.clone()
-    };
-    serde_json_canonicalizer::to_vec(&bare)
-}
-
-/// A published key: its verifier key, and when it was in use.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct PublishedKey {
-    /// `name+id`, as receipts' signatures name it
-    pub key_id: String,
-    /// The C2SP signed-note verifier key: `name+id+base64(0x01 ‖ Ed25519 public key)`
-    pub verifier_key: String,
-    /// When this key first signed (UTC)
-    pub first_used_at: String,
-    /// When this key was last seen signing (UTC); it may still be in use
-    pub last_used_at: String,
-}
-
-/// `GET /v1/signing-keys`: every key that has signed receipts or checkpoints.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct PublishedKeys {
-    /// The key new receipts are signed with; absent when the service signs none
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signing_now: Option<String>,
-    pub keys: Vec<PublishedKey>,
-}
-
-/// Verifier keys an offline check trusts: what `GET /v1/signing-keys`
-/// answered (JSON), or verifier keys one per line.
-pub struct TrustedKeys {
-    keys: Vec<(String, String)>,
-}
-
-impl TrustedKeys {
-    pub fn parse(text: &str) -> Result<Self, KeyError> {
-        let vkeys: Vec<String> = match serde_json::from_str::<PublishedKeys>(text) {
-            Ok(published) => published
-                .keys
-                .into_iter()
-                .map(|key| key.verifier_key)
-                .collect(),
-            Err(_) => text
-                .lines()
-                .map(str::trim)
-                .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                .map(str::to_owned)
-                .collect(),
-        };
-        let mut keys = Vec::new();
-        for (line, vkey) in vkeys.into_iter().enumerate() {
-            // Never repeat what was given: it may be a secret given by
-            // mistake (a private key, a token), and errors end up in logs.
-            if vkey.contains("PRIVATE+KEY") {
-                return Err(KeyError::PrivateWherePublic(line + 1));
-            }
-            let verifier = StandardVerifier::new(&vkey)
-                .map_err(|e| KeyError::MalformedPublic(format!("key {}: {e}", line + 1)))?;
-            keys.push((
-                format!("{}+{:08x}", verifier.name(), verifier.key_id()),
-                vkey,
-            ));
-        }
-        Ok(Self { keys })
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    /// Whether `verifier_key` is one of these, byte for byte.
-    pub fn trusts(&self, verifier_key: &str) -> bool {
-        self.keys.iter().any(|(_, vkey)| vkey == verifier_key)
-    }
-
-    /// The verifier of `key_id`, if trusted.
-    fn verifier(&self, key_id: &str) -> Option<StandardVerifier> {
-        self.keys
-            .iter()
-            .find(|(id, _)| id == key_id)
-            .and_then(|(_, vkey)| StandardVerifier::new(vkey).ok())
-    }
-
-    /// Every trusted key as a signed-note verifier list, for checkpoints.
-    pub fn note_verifiers(&self) -> signed_note::VerifierList {
-        signed_note::VerifierList::new(
-            self.keys
-                .iter()
-                .filter_map(|(_, vkey)| StandardVerifier::new(vkey).ok())
-                .map(|v| Box::new(v) as Box<dyn signed_note::Verifier>)
-                .collect(),
-        )
-    }
-}
-
-/// Why a receipt's signature does not hold.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BadSignature {
-    #[error("the receipt carries no signature")]
-    Unsigned,
-    #[error("the receipt is signed by {0}, which is not among the trusted keys")]
-    UnknownKey(String),
-    #[error("the receipt's signature is not base64")]
-    NotBase64,
-    #[error(
-        "the signature by {0} does not match the receipt: it was changed after it was signed, or signed by another key"
-    )]
-    Mismatch(String),
-}
-
-/// Whether `receipt`'s own signature holds under `keys`.
-pub fn verify_receipt(receipt: &Receipt, keys: &TrustedKeys) -> Result<(), BadSignature> {
-    let signature = receipt.signature.as_ref().ok_or(BadSignature::Unsigned)?;
-    let verifier = keys
-        .verifier(&signature.key_id)
-        .ok_or_else(|| BadSignature::UnknownKey(signature.key_id.clone()))?;
-    let bytes = BASE64
-        .decode(&signature.ed25519)
-        .map_err(|_| BadSignature::NotBase64)?;
-    let form =
-        signed_form(receipt).map_err(|_| BadSignature::Mismatch(signature.key_id.clone()))?;
-    if verifier.verify(&form, &bytes) {
-        Ok(())
-    } else {
-        Err(BadSignature::Mismatch(signature.key_id.clone()))
-    }
-}
+pub use plan_intake_wire::evidence::{
+    BadSignature, KeysError, PublishedKey, PublishedKeys, TrustedKeys, signed_form, verify_receipt,
+};
 
 #[cfg(test)]
 mod tests {

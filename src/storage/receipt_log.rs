@@ -504,6 +504,39 @@ pub fn consistency_proof(conn: &mut DbConn, old: u64, new: u64) -> Result<Vec<Ha
         .map_err(|e| ProofError::Tree(e.to_string()))
 }
 
+/// The newest checkpoint, the proof from a tree of `size` leaves, and the
+/// one from a tree of `since` leaves if asked and possible.
+pub type Extension = (CheckpointRow, Vec<Hash>, Option<Vec<Hash>>);
+
+/// The newest checkpoint and the consistency proofs to it from the trees
+/// of `size` leaves and of `since` leaves (a proof from 0 leaves, or from
+/// the checkpoint's own size, is empty; `since` past the checkpoint gets
+/// none). `NotYet` while the newest checkpoint holds fewer than `size`.
+pub fn extension(
+    conn: &mut DbConn,
+    size: u64,
+    since: Option<u64>,
+) -> Result<Extension, ProofError> {
+    let checkpoint = latest_checkpoint(conn)?.ok_or(ProofError::NotYet)?;
+    let newest = u64::try_from(checkpoint.tree_size).unwrap_or(0);
+    if size > newest {
+        return Err(ProofError::NotYet);
+    }
+    let mut prove = |old: u64| -> Result<Vec<Hash>, ProofError> {
+        if old == 0 || old == newest {
+            return Ok(Vec::new());
+        }
+        tlog_tiles::prove_tree(newest, old, &StoredHashes::new(conn))
+            .map_err(|e| ProofError::Tree(e.to_string()))
+    };
+    let proof = prove(size)?;
+    let since_proof = since
+        .filter(|&since| since <= newest)
+        .map(&mut prove)
+        .transpose()?;
+    Ok((checkpoint, proof, since_proof))
+}
+
 /// A key in `signing_keys`: `(key_id, verifier_key, first_used_at, last_used_at)`.
 pub type KeyRow = (String, String, NaiveDateTime, NaiveDateTime);
 

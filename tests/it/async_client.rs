@@ -4,7 +4,7 @@
 //! pages. Its rules are the blocking client's own code; these tests hold
 //! the async transport to them.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use plan_intake_client::asynchronous::{AsyncClient, follow};
 use plan_intake_client::{FollowOptions, Outcome, SubmitOptions};
 
+use crate::support::http_proxy::read_message;
 use crate::support::plan_body;
 use crate::support::process::served_sqlite;
 
@@ -113,31 +114,6 @@ fn serve_connection(
             return;
         }
     }
-}
-
-/// One HTTP/1.1 message with a `Content-Length` body (or none): its head,
-/// blank line included, and its body. `None` at the end of the stream.
-fn read_message(reader: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> {
-    let mut head = String::new();
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().ok()?;
-        }
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((head, body))
 }
 
 fn quick() -> SubmitOptions {

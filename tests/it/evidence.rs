@@ -315,7 +315,7 @@ fn signed_receipts_and_their_proofs_verify_offline(db: TestDb) {
 }
 
 /// Runs `sql` on the scratch database, around the service.
-fn tamper(db: &TestDb, sql: &str) {
+pub(crate) fn tamper(db: &TestDb, sql: &str) {
     let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
     let mut conn = database.conn().expect("connection");
     crate::support::execute_batch(&mut conn, sql);

@@ -35,4 +35,5 @@ mod retention;
 mod schema;
 mod support;
 pub(crate) mod tools;
+mod verified_feed;
 mod way_out;

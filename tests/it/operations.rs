@@ -220,6 +220,11 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("/v1/signing-keys", "get", &["200", "503"]),
     ("/v1/checkpoint", "get", &["200", "404", "503"]),
     ("/v1/checkpoint/consistency", "get", &["200", "400", "503"]),
+    (
+        "/v1/checkpoint/extension",
+        "get",
+        &["200", "400", "404", "503"],
+    ),
     ("/healthz", "get", &["200"]),
     ("/readyz", "get", &["200", "503"]),
     ("/metrics", "get", &["200"]),

@@ -165,17 +165,24 @@ where
             "exec runs a command per page in the blocking follower; the async one hands each page to its handler".to_owned(),
         ));
     }
+    #[cfg(feature = "verify")]
+    if options.verify.is_some() {
+        return Err(FollowError::Options(
+            "verify belongs to the blocking follower for now; the async one does not verify"
+                .to_owned(),
+        ));
+    }
     let backoff = backoff_of(options);
     let mut done = Followed::default();
     let mut cursor = match start_of(options)? {
-        Start::Saved(cursor) => Some(cursor),
+        Start::Saved(cursor, _) => Some(cursor),
         Start::First => None,
         Start::AtEnd => {
             let end = client
                 .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
                 .await?;
             let mut cursor = None;
-            done.passed_empty(options, &mut cursor, end.next)?;
+            done.passed_empty(options, &mut cursor, end.next, "")?;
             cursor
         }
     };
@@ -188,7 +195,7 @@ where
             )
             .await?;
         if page.receipts.is_empty() {
-            done.passed_empty(options, &mut cursor, page.next)?;
+            done.passed_empty(options, &mut cursor, page.next, "")?;
             if options.drain {
                 return Ok(done);
             }
@@ -206,7 +213,7 @@ where
             );
             tokio::time::sleep(delay).await;
         }
-        done.handed_on(options, &mut cursor, page)?;
+        done.handed_on(options, &mut cursor, page, "")?;
     }
 }
 

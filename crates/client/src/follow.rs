@@ -42,6 +42,13 @@ pub struct FollowOptions {
     /// Cap of the first retry's random delay (unreachable service, failing
     /// CMD); doubles per retry up to 5 s.
     pub retry_base: Duration,
+    /// Hand on only receipts proven to be the signed log's next leaves,
+    /// under these pinned keys (feature `verify`; see [`crate::verify`]).
+    /// The proof so far is saved with each cursor. Starts at the feed's
+    /// first receipt (`from_start`) or from a cursor file a verifying
+    /// follower saved.
+    #[cfg(feature = "verify")]
+    pub verify: Option<plan_intake_wire::evidence::TrustedKeys>,
 }
 
 impl FollowOptions {
@@ -60,6 +67,8 @@ impl FollowOptions {
             exec: None,
             drain: false,
             retry_base: super::submit::DEFAULT_RETRY_BASE,
+            #[cfg(feature = "verify")]
+            verify: None,
         }
     }
 }
@@ -103,6 +112,10 @@ pub enum FollowError {
     /// The output is gone (a closed pipe): the page was not handed on.
     #[error("cannot write the page")]
     Output(#[source] io::Error),
+    /// A page that cannot be proven to be the signed log's next leaves
+    /// (`verify`): nothing of it was handed on or saved.
+    #[error("not verified: {0}")]
+    Unverified(String),
     /// `CMD` cannot be run (not found, not executable).
     #[error("cannot run `sh -c {command}`")]
     Exec {
@@ -116,7 +129,8 @@ pub enum FollowError {
 
 impl FollowError {
     /// sysexits: 65 data error, 77 no permission, 74 I/O error, 71 OS error;
-    /// 2 options out of bounds (a bad command line); 1 otherwise.
+    /// 76 (protocol) a page not proven; 2 options out of bounds (a bad
+    /// command line); 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::BadCursor(_) => 65,
@@ -124,6 +138,7 @@ impl FollowError {
             Self::Denied(_) => 77,
             Self::CursorFile { .. } | Self::Output(_) => 74,
             Self::Exec { .. } => 71,
+            Self::Unverified(_) => 76,
             Self::Unexpected(_) => 1,
         }
     }
@@ -150,7 +165,7 @@ pub fn follow(
     };
     check_options(options)?;
     let mut done = Followed::default();
-    let Some((mut cursor, saved)) = run.starting_cursor()? else {
+    let Some((mut cursor, saved, mut proof)) = run.starting_cursor()? else {
         return Ok(done);
     };
     done.cursor_saved = saved;
@@ -159,16 +174,20 @@ pub fn follow(
             return Ok(done);
         };
         if page.receipts.is_empty() {
-            done.passed_empty(options, &mut cursor, page.next)?;
+            done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain || stop.load(Ordering::SeqCst) {
                 return Ok(done);
             }
             continue;
         }
+        let Some(proven) = run.prove(&proof, &page)? else {
+            return Ok(done);
+        };
         if !run.hand_on(&page, cursor.as_ref(), out)? {
             return Ok(done);
         }
-        done.handed_on(options, &mut cursor, page)?;
+        proof = proven;
+        done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;
         if stop.load(Ordering::SeqCst) {
             return Ok(done);
         }
@@ -183,9 +202,10 @@ impl Followed {
         options: &FollowOptions,
         cursor: &mut Option<FeedCursor>,
         next: FeedCursor,
+        proof: &str,
     ) -> Result<(), FollowError> {
         if cursor.as_ref() != Some(&next) {
-            save_cursor(&options.cursor_file, &next)?;
+            save_cursor(&options.cursor_file, &next, proof)?;
             self.cursor_saved = true;
             *cursor = Some(next);
         }
@@ -198,8 +218,9 @@ impl Followed {
         options: &FollowOptions,
         cursor: &mut Option<FeedCursor>,
         page: Page,
+        proof: &str,
     ) -> Result<(), FollowError> {
-        save_cursor(&options.cursor_file, &page.next)?;
+        save_cursor(&options.cursor_file, &page.next, proof)?;
         self.cursor_saved = true;
         self.pages += 1;
         self.receipts += page.receipts.len() as u64;
@@ -236,8 +257,9 @@ pub(crate) fn check_options(options: &FollowOptions) -> Result<(), FollowError> 
 
 /// Where a run starts, from its cursor file.
 pub(crate) enum Start {
-    /// The saved cursor.
-    Saved(FeedCursor),
+    /// The saved cursor (its first line), and the lines after it (a
+    /// verifying follower's proof so far).
+    Saved(FeedCursor, String),
     /// No file, `from_start`: the feed's first receipt.
     First,
     /// No file: the feed's current end, to be saved before the first page.
@@ -251,7 +273,13 @@ pub(crate) fn start_of(options: &FollowOptions) -> Result<Start, FollowError> {
             "cursor file {} is empty; remove it to start at the feed's end",
             path.display()
         ))),
-        Ok(text) => Ok(Start::Saved(FeedCursor::new(text.trim()))),
+        Ok(text) => {
+            let (cursor, rest) = text.trim_start().split_once('\n').unwrap_or((&text, ""));
+            Ok(Start::Saved(
+                FeedCursor::new(cursor.trim()),
+                rest.to_owned(),
+            ))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(if options.from_start {
             Start::First
         } else {
@@ -380,16 +408,129 @@ impl Run<'_> {
     /// first page cannot move the start past receipts written meanwhile.
     /// `None`: asked to stop before a start was known. With the cursor,
     /// whether it was saved just now.
-    fn starting_cursor(&mut self) -> Result<Option<(Option<FeedCursor>, bool)>, FollowError> {
+    /// The proof so far comes with it (verifying: from the file, or none
+    /// at the feed's start).
+    #[allow(clippy::type_complexity)]
+    fn starting_cursor(
+        &mut self,
+    ) -> Result<Option<(Option<FeedCursor>, bool, Proof)>, FollowError> {
         match start_of(self.options)? {
-            Start::Saved(cursor) => Ok(Some((Some(cursor), false))),
-            Start::First => Ok(Some((None, false))),
+            Start::Saved(cursor, rest) => {
+                let proof = proof_of_saved(self.options, &rest)?;
+                Ok(Some((Some(cursor), false, proof)))
+            }
+            Start::First => Ok(Some((None, false, fresh_proof(self.options)))),
             Start::AtEnd => {
+                refuse_end_when_verifying(self.options)?;
                 let Some(end) = self.fetch(Some(FeedCursor::NOW), Duration::ZERO)? else {
                     return Ok(None);
                 };
-                save_cursor(&self.options.cursor_file, &end.next)?;
-                Ok(Some((Some(end.next), true)))
+                save_cursor(&self.options.cursor_file, &end.next, "")?;
+                Ok(Some((Some(end.next), true, Proof::default())))
+            }
+        }
+    }
+
+    /// Without `verify`: every page passes.
+    #[cfg(not(feature = "verify"))]
+    fn prove(&mut self, _proof: &Proof, _page: &Page) -> Result<Option<Proof>, FollowError> {
+        Ok(Some(NoProof))
+    }
+
+    /// With `verify`: the page's receipts proven to be the log's next
+    /// leaves (waiting, quietly, until a checkpoint covers them). `None`:
+    /// asked to stop meanwhile.
+    #[cfg(feature = "verify")]
+    fn prove(&mut self, proof: &Proof, page: &Page) -> Result<Option<Proof>, FollowError> {
+        use crate::verify::Verified;
+        let Some(keys) = &self.options.verify else {
+            return Ok(Some(None));
+        };
+        let Some(verified) = proof else {
+            return Err(FollowError::Unverified(
+                "no proof to go on from: a verifying follower starts at the feed's first receipt or from a cursor it saved".to_owned(),
+            ));
+        };
+        let extended = verified
+            .extend(keys, &page.receipts, self.options.expand)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        let since = extended
+            .since()
+            .map(|since| format!("&since={since}"))
+            .unwrap_or_default();
+        let Some(answer) = self.extension(extended.size(), &since)? else {
+            return Ok(None);
+        };
+        match Verified::prove(&extended, &answer, keys) {
+            Ok(proven) => Ok(Some(Some(proven))),
+            Err(refused) if refused.locatable => {
+                let located = extended.locate(keys, |size| {
+                    let query = format!("/v1/checkpoint/extension?size={size}");
+                    match self.get_unless_stopped(&query, Duration::ZERO)? {
+                        Exchange::Answer(answer) if answer.status == 200 => {
+                            serde_json::from_str(&answer.body).ok()
+                        }
+                        _ => None,
+                    }
+                });
+                Err(FollowError::Unverified(located.unwrap_or(refused.message)))
+            }
+            Err(refused) => Err(FollowError::Unverified(refused.message)),
+        }
+    }
+
+    /// The newest checkpoint with its proofs from a tree of `size` leaves
+    /// (`GET /v1/checkpoint/extension`), waited for while the log has not
+    /// taken them yet. `None`: asked to stop meanwhile.
+    #[cfg(feature = "verify")]
+    fn extension(
+        &mut self,
+        size: u64,
+        since: &str,
+    ) -> Result<Option<plan_intake_wire::evidence::CheckpointExtension>, FollowError> {
+        let query = format!("/v1/checkpoint/extension?size={size}{since}");
+        let mut failures = 0u32;
+        loop {
+            let Some(exchange) = self.get_unless_stopped(&query, Duration::ZERO) else {
+                return Ok(None);
+            };
+            let delay = match exchange {
+                Exchange::Answer(answer) if answer.status == 200 => {
+                    return serde_json::from_str(&answer.body).map(Some).map_err(|e| {
+                        FollowError::Unverified(format!(
+                            "log index {size}: the service's checkpoint answer is not one: {e}"
+                        ))
+                    });
+                }
+                // The log trails the feed by a second or so: not a failure.
+                Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => {
+                    failures += 1;
+                    self.backoff.delay(failures.min(3), answer.retry_after)
+                }
+                Exchange::Answer(answer) if matches!(answer.status, 408 | 429 | 500..=599) => {
+                    failures += 1;
+                    retry_wait(
+                        &self.backoff,
+                        failures,
+                        &answer.summary(),
+                        answer.retry_after,
+                    )
+                }
+                Exchange::NoAnswer(why) => {
+                    failures += 1;
+                    retry_wait(&self.backoff, failures, &format!("no answer: {why}"), None)
+                }
+                Exchange::Unreachable(why) => {
+                    return Err(FollowError::Unexpected(format!(
+                        "cannot reach the service: {why}"
+                    )));
+                }
+                Exchange::Answer(answer) => {
+                    return Err(FollowError::Unexpected(answer.summary()));
+                }
+            };
+            if pause_unless_stopped(self.stop, delay) {
+                return Ok(None);
             }
         }
     }
@@ -498,6 +639,80 @@ impl Run<'_> {
     }
 }
 
+/// What a verifying follower proved so far, saved after each cursor
+/// (nothing without `verify`, or when not verifying).
+#[cfg(feature = "verify")]
+pub(crate) type Proof = Option<crate::verify::Verified>;
+#[cfg(not(feature = "verify"))]
+pub(crate) type Proof = NoProof;
+
+/// A follower that cannot verify proves nothing.
+#[cfg(not(feature = "verify"))]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NoProof;
+
+/// The lines saved after the cursor.
+#[cfg(feature = "verify")]
+pub(crate) fn lines_of_proof(proof: &Proof) -> String {
+    proof.as_ref().map(|p| p.to_lines()).unwrap_or_default()
+}
+#[cfg(not(feature = "verify"))]
+pub(crate) fn lines_of_proof(_proof: &Proof) -> String {
+    String::new()
+}
+
+/// The proof at the feed's first receipt: none yet, an empty tree when
+/// verifying.
+#[cfg(feature = "verify")]
+fn fresh_proof(options: &FollowOptions) -> Proof {
+    options
+        .verify
+        .as_ref()
+        .map(|_| crate::verify::Verified::default())
+}
+#[cfg(not(feature = "verify"))]
+fn fresh_proof(_options: &FollowOptions) -> Proof {
+    NoProof
+}
+
+/// The proof a saved cursor carries: a verifying follower needs it (a
+/// cursor saved without one cannot be verified from).
+#[cfg(feature = "verify")]
+fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proof, FollowError> {
+    if options.verify.is_none() {
+        return Ok(None);
+    }
+    match crate::verify::Verified::from_lines(rest) {
+        Ok(Some(proof)) => Ok(Some(proof)),
+        Ok(None) => Err(FollowError::BadCursor(format!(
+            "cursor file {} was saved by a follower that did not verify: what it handed on was never proven, so verification cannot start there. Remove the file and pass --from-start to verify the whole feed",
+            options.cursor_file.display()
+        ))),
+        Err(why) => Err(FollowError::BadCursor(format!(
+            "cursor file {} holds no proof a verifying follower can go on from ({why}): remove it and pass --from-start to verify the whole feed",
+            options.cursor_file.display()
+        ))),
+    }
+}
+#[cfg(not(feature = "verify"))]
+fn proof_of_saved(_options: &FollowOptions, _rest: &str) -> Result<Proof, FollowError> {
+    Ok(NoProof)
+}
+
+/// A verifying follower starts at the feed's first receipt: from its end
+/// it would have to trust the tree before it.
+fn refuse_end_when_verifying(options: &FollowOptions) -> Result<(), FollowError> {
+    #[cfg(feature = "verify")]
+    if options.verify.is_some() {
+        return Err(FollowError::Options(format!(
+            "a verifying follower starts at the feed's first receipt: pass --from-start (cursor file {} does not exist yet)",
+            options.cursor_file.display()
+        )));
+    }
+    let _ = options;
+    Ok(())
+}
+
 /// How often a wait looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
@@ -589,7 +804,12 @@ fn run_command(
 /// Replaces the cursor file so that a crash at any moment leaves either the
 /// old cursor or the new one, never a torn one: temp file, fsync, rename,
 /// fsync of the directory (which makes the rename itself durable).
-pub(crate) fn save_cursor(path: &Path, cursor: &FeedCursor) -> Result<(), FollowError> {
+/// `proof`: lines saved after the cursor's (a verifying follower's).
+pub(crate) fn save_cursor(
+    path: &Path,
+    cursor: &FeedCursor,
+    proof: &str,
+) -> Result<(), FollowError> {
     let failed = |source| FollowError::CursorFile {
         path: path.to_owned(),
         source,
@@ -602,7 +822,7 @@ pub(crate) fn save_cursor(path: &Path, cursor: &FeedCursor) -> Result<(), Follow
     temporary_name.push(".tmp");
     let temporary = directory.join(temporary_name);
     let mut file = File::create(&temporary).map_err(failed)?;
-    file.write_all(format!("{cursor}\n").as_bytes())
+    file.write_all(format!("{cursor}\n{proof}").as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(failed)?;
     drop(file);
@@ -620,8 +840,8 @@ mod tests {
     fn a_saved_cursor_replaces_the_old_one_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("orders.cursor");
-        save_cursor(&path, &FeedCursor::new("c-1")).expect("save");
-        save_cursor(&path, &FeedCursor::new("c-2")).expect("save again");
+        save_cursor(&path, &FeedCursor::new("c-1"), "").expect("save");
+        save_cursor(&path, &FeedCursor::new("c-2"), "").expect("save again");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "c-2\n");
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .expect("list")

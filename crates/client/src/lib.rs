@@ -8,6 +8,8 @@
 pub mod asynchronous;
 mod follow;
 mod submit;
+#[cfg(feature = "verify")]
+pub mod verify;
 
 use std::io::Read;
 use std::time::Duration;

@@ -17,6 +17,8 @@
 #![deny(missing_docs)]
 
 pub mod body;
+#[cfg(feature = "evidence")]
+pub mod evidence;
 pub mod feed;
 pub mod hashing;
 pub mod retry;

@@ -2,6 +2,7 @@
 //! Postgres schema, built by the real migrations and removed on drop.
 
 pub mod cluster;
+pub mod http_proxy;
 pub mod load;
 pub mod pgbouncer;
 pub mod process;

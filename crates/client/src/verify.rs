@@ -1,0 +1,344 @@
+//! The verified feed (feature `verify`): a follower that hands on a
+//! receipt only once it is proven to be the next leaf of the signed
+//! receipt log after the last one it handed on. The keys are pinned by
+//! the reader; nothing the service says at run time adds one.
+//!
+//! What it holds between pages ([`Verified`], saved with the cursor): how
+//! many leaves it handed on, the right edge of their tree (the roots of
+//! its perfect subtrees, so the next leaves extend it without the rest),
+//! and the last checkpoint it met. Each page: every receipt's signature
+//! under the pinned keys; its leaves (each receipt's signed form) appended
+//! to the tree; then one request (`GET /v1/checkpoint/extension`) for the
+//! newest checkpoint with two consistency proofs: that the tree extended
+//! is a prefix of the checkpoint's, and that the checkpoint extends the
+//! last one saved. A receipt dropped, added, repeated, reordered or
+//! changed, a cursor jumped ahead, a checkpoint of another log or a log
+//! rolled back each fail one of these.
+
+use serde_json::value::RawValue;
+use tlog_tiles::{Hash, node_hash, record_hash};
+
+use plan_intake_wire::Receipt;
+use plan_intake_wire::evidence::{
+    CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint, verify_receipt,
+};
+
+/// What a verifying follower proved so far; saved with each cursor.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Verified {
+    /// Leaves handed on: the log index of the next receipt.
+    pub size: u64,
+    /// Roots of the perfect subtrees of the tree of `size` leaves, the
+    /// largest (leftmost) first.
+    edge: Vec<Hash>,
+    /// The last checkpoint met: its size, root and origin.
+    checkpoint: Option<(u64, Hash, String)>,
+}
+
+/// Why a page cannot be handed on: what was proven (the log index of the
+/// first leaf that fails, where known) and which check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Unverified {
+    /// One line: the log index, the check.
+    pub message: String,
+    /// The page's leaves as a whole are not the log's: which one first is
+    /// found with [`Extended::locate`].
+    pub locatable: bool,
+}
+
+fn unverified(message: String) -> Unverified {
+    Unverified {
+        message,
+        locatable: false,
+    }
+}
+
+/// A page's leaves appended, not yet proven in a checkpoint.
+#[derive(Debug, Clone)]
+pub struct Extended {
+    before: Verified,
+    after: Verified,
+    /// The leaves' hashes, in order (to locate a failure).
+    leaves: Vec<Hash>,
+}
+
+impl Extended {
+    /// The size the checkpoint must prove: leaves handed on after this page.
+    pub fn size(&self) -> u64 {
+        self.after.size
+    }
+
+    /// The size of the last checkpoint saved, to be proven extended.
+    pub fn since(&self) -> Option<u64> {
+        self.before.checkpoint.as_ref().map(|(size, _, _)| *size)
+    }
+
+    /// The root of the tree of the first `size` leaves of this page's
+    /// tree (from the state before the page and its leaves).
+    fn root_at(&self, size: u64) -> Option<Hash> {
+        let mut tree = self.before.clone();
+        let take = usize::try_from(size.checked_sub(tree.size)?).ok()?;
+        for leaf in self.leaves.get(..take)? {
+            tree.push(*leaf);
+        }
+        tree.root()
+    }
+}
+
+impl Extended {
+    /// The first leaf of the page that is not the log's, found by asking
+    /// (`ask(size)`: the extension answer for a tree of `size` leaves) for
+    /// halves of the page: the smallest prefix the log does not hold ends
+    /// with it. `None` if an answer cannot be had or checked.
+    pub fn locate(
+        &self,
+        keys: &TrustedKeys,
+        mut ask: impl FnMut(u64) -> Option<CheckpointExtension>,
+    ) -> Option<String> {
+        // Prefixes up to `good` leaves are the log's; up to `bad`, not.
+        let (mut good, mut bad) = (self.before.size, self.after.size);
+        let mut against = 0;
+        while bad - good > 1 {
+            let middle = good + (bad - good) / 2;
+            let answer = ask(middle)?;
+            let checkpoint = verify_checkpoint(&answer.checkpoint, keys).ok()?;
+            let proof = parse_proof(&answer.proof).ok()?;
+            let ours = self.root_at(middle)?;
+            against = checkpoint.size;
+            if prefix_holds(&proof, checkpoint.size, checkpoint.root, middle, ours).is_ok() {
+                good = middle;
+            } else {
+                bad = middle;
+            }
+        }
+        let index = bad - 1;
+        let against = if against == 0 {
+            String::new()
+        } else {
+            format!(" (consistency with the checkpoint of {against} leaves)")
+        };
+        Some(format!(
+            "log index {index}: the receipt handed there is not the log's leaf {index}{against}; every receipt before it was verified"
+        ))
+    }
+}
+
+impl Verified {
+    /// The tree's root (`None` for the empty tree).
+    fn root(&self) -> Option<Hash> {
+        let mut hashes = self.edge.iter().rev();
+        let last = *hashes.next()?;
+        Some(hashes.fold(last, |right, left| node_hash(*left, right)))
+    }
+
+    fn push(&mut self, leaf: Hash) {
+        self.edge.push(leaf);
+        self.size += 1;
+        // Each trailing 1 bit of the new size merges two equal subtrees.
+        let mut merges = self.size.trailing_zeros();
+        while merges > 0 {
+            let right = self.edge.pop();
+            let left = self.edge.pop();
+            if let (Some(left), Some(right)) = (left, right) {
+                self.edge.push(node_hash(left, right));
+            }
+            merges -= 1;
+        }
+    }
+
+    /// Lines to save after the cursor's: `verified SIZE`, `edge HASH…`,
+    /// `checkpoint SIZE ROOT ORIGIN`.
+    pub fn to_lines(&self) -> String {
+        let mut text = format!("verified {}\nedge", self.size);
+        for hash in &self.edge {
+            text.push(' ');
+            text.push_str(&hash.to_string());
+        }
+        text.push('\n');
+        if let Some((size, root, origin)) = &self.checkpoint {
+            text.push_str(&format!("checkpoint {size} {root} {origin}\n"));
+        }
+        text
+    }
+
+    /// The state saved by [`Verified::to_lines`]; `None` if `text` holds
+    /// none (a cursor saved by a follower that did not verify).
+    pub fn from_lines(text: &str) -> Result<Option<Self>, String> {
+        let mut state = None::<Self>;
+        for line in text.lines() {
+            let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match word {
+                "verified" => {
+                    let size = rest
+                        .parse()
+                        .map_err(|_| format!("{line:?} is not `verified SIZE`"))?;
+                    state = Some(Self {
+                        size,
+                        ..Self::default()
+                    });
+                }
+                "edge" => {
+                    let state = state.as_mut().ok_or("`edge` before `verified`")?;
+                    state.edge = rest
+                        .split_whitespace()
+                        .map(|h| Hash::parse_hash(h).map_err(|_| format!("{h:?} is not a hash")))
+                        .collect::<Result<_, _>>()?;
+                }
+                "checkpoint" => {
+                    let state = state.as_mut().ok_or("`checkpoint` before `verified`")?;
+                    let mut parts = rest.splitn(3, ' ');
+                    let size = parts.next().and_then(|s| s.parse().ok());
+                    let root = parts.next().and_then(|h| Hash::parse_hash(h).ok());
+                    let origin = parts.next();
+                    match (size, root, origin) {
+                        (Some(size), Some(root), Some(origin)) => {
+                            state.checkpoint = Some((size, root, origin.to_owned()));
+                        }
+                        _ => return Err(format!("{line:?} is not `checkpoint SIZE ROOT ORIGIN`")),
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(state) = &state
+            && state.edge.len() != state.size.count_ones() as usize
+        {
+            return Err(format!(
+                "the saved edge holds {} hashes, not the {} of a tree of {} leaves",
+                state.edge.len(),
+                state.size.count_ones(),
+                state.size
+            ));
+        }
+        Ok(state)
+    }
+
+    /// Checks each entry's signature and appends its leaf. `expand`: each
+    /// entry is `{receipt, …}`.
+    pub fn extend(
+        &self,
+        keys: &TrustedKeys,
+        entries: &[Box<RawValue>],
+        expand: bool,
+    ) -> Result<Extended, Unverified> {
+        let mut after = self.clone();
+        let mut leaves = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let index = after.size;
+            let receipt = receipt_of(entry, expand)
+                .map_err(|why| unverified(format!("log index {index}: {why}")))?;
+            verify_receipt(&receipt, keys).map_err(|e| {
+                unverified(format!(
+                    "log index {index} (receipt {}): signature check: {e}",
+                    receipt.receipt_id
+                ))
+            })?;
+            let leaf = signed_form(&receipt).map_err(|e| {
+                unverified(format!(
+                    "log index {index}: its signed form cannot be made: {e}"
+                ))
+            })?;
+            let hash = record_hash(&leaf);
+            leaves.push(hash);
+            after.push(hash);
+        }
+        Ok(Extended {
+            before: self.clone(),
+            after,
+            leaves,
+        })
+    }
+
+    /// The page's tree proven a prefix of the newest checkpoint, and that
+    /// checkpoint proven to extend the last one saved: the state to save.
+    pub fn prove(
+        extended: &Extended,
+        answer: &CheckpointExtension,
+        keys: &TrustedKeys,
+    ) -> Result<Verified, Unverified> {
+        let first = extended.before.size;
+        let last = extended.after.size.saturating_sub(1);
+        let fail = |check: String| {
+            unverified(format!(
+                "log indexes {first} to {last} (verified up to {first}): {check}"
+            ))
+        };
+        let checkpoint = verify_checkpoint(&answer.checkpoint, keys)
+            .map_err(|e| fail(format!("checkpoint signature check: {e}")))?;
+        let (size, root) = (checkpoint.size, checkpoint.root);
+        let mut proven = extended.after.clone();
+        if let Some((saved, saved_root, origin)) = &extended.before.checkpoint {
+            if *origin != checkpoint.origin {
+                return Err(fail(format!(
+                    "the checkpoint is of another log (origin {:?}, not {origin:?})",
+                    checkpoint.origin
+                )));
+            }
+            if size < *saved {
+                return Err(fail(format!(
+                    "the newest checkpoint ({size} leaves) is older than one verified before ({saved} leaves): the log was rolled back"
+                )));
+            }
+            let since = parse_proof(answer.since_proof.as_deref().unwrap_or_default())
+                .map_err(|e| fail(format!("consistency with the saved checkpoint: {e}")))?;
+            prefix_holds(&since, size, root, *saved, *saved_root).map_err(|()| {
+                fail(format!(
+                    "the checkpoint of {size} leaves does not extend the one of {saved} saved before (a fork)"
+                ))
+            })?;
+        }
+        if size < extended.after.size {
+            return Err(fail(format!(
+                "the newest checkpoint holds {size} leaves, fewer than the page reaches"
+            )));
+        }
+        let proof = parse_proof(&answer.proof).map_err(|e| fail(format!("consistency: {e}")))?;
+        let ours = extended.after.root().unwrap_or(root);
+        if prefix_holds(&proof, size, root, extended.after.size, ours).is_err() {
+            return Err(Unverified {
+                message: format!(
+                    "log indexes {first} to {last}: the receipts are not the log's leaves there, in that order (consistency with the checkpoint of {size} leaves): one was dropped, added, repeated, reordered or changed"
+                ),
+                locatable: true,
+            });
+        }
+        proven.checkpoint = Some((size, root, checkpoint.origin));
+        Ok(proven)
+    }
+}
+
+/// Whether the tree of `old` leaves with root `old_root` is a prefix of
+/// the tree of `size` leaves with root `root`.
+fn prefix_holds(proof: &[Hash], size: u64, root: Hash, old: u64, old_root: Hash) -> Result<(), ()> {
+    match old {
+        0 => Ok(()),
+        _ if old == size => (proof.is_empty() && old_root == root)
+            .then_some(())
+            .ok_or(()),
+        _ => tlog_tiles::check_tree(&proof.to_vec(), size, root, old, old_root).map_err(|_| ()),
+    }
+}
+
+fn parse_proof(lines: &[String]) -> Result<Vec<Hash>, String> {
+    lines
+        .iter()
+        .map(|h| Hash::parse_hash(h).map_err(|_| format!("{h:?} is not a base64 hash")))
+        .collect()
+}
+
+/// The receipt in a feed entry, read as the wire type reads it (a member
+/// given twice refused; unknown members kept, and so signed).
+fn receipt_of(entry: &RawValue, expand: bool) -> Result<Receipt, String> {
+    if expand {
+        #[derive(serde::Deserialize)]
+        struct Expanded<'a> {
+            #[serde(borrow)]
+            receipt: &'a RawValue,
+        }
+        let expanded: Expanded = serde_json::from_str(entry.get())
+            .map_err(|e| format!("an entry without its receipt: {e}"))?;
+        return receipt_of(expanded.receipt, false);
+    }
+    Receipt::parse(entry.get()).map_err(|e| format!("not a receipt: {e}"))
+}

@@ -1,0 +1,322 @@
+//! `follow --verify`: the ordering system hands on a receipt only once it
+//! is proven to be the signed log's next leaf. Through a proxy of the
+//! test's own that tampers with the feed (a receipt dropped, two swapped,
+//! one repeated, one forged with its signature kept, a page's `next`
+//! jumped ahead), and after rows edited or deleted in the database once
+//! logged, each run exits 76 naming the log index, and its saved cursor
+//! never passes the last verified receipt; an honest run through the same
+//! proxy hands on every receipt once and resumes from its saved proof.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::evidence::{generate_key, tamper};
+use crate::on_both_backends_sync;
+use crate::support::TestDb;
+use crate::support::http_proxy::HttpProxy;
+use crate::support::process::{ServeProcess, client, keep_plan, login_via_cli};
+use crate::tools::tool;
+
+on_both_backends_sync!(
+    an_honest_feed_is_handed_on_once_and_verification_resumes,
+    each_tampering_is_named_and_nothing_past_it_is_saved,
+    rows_edited_or_deleted_after_they_were_logged_are_named,
+);
+
+/// Receipts each test writes.
+const PLANS: usize = 7;
+
+/// A signing service with `PLANS` plans kept and logged.
+struct Logged {
+    dir: tempfile::TempDir,
+    service: ServeProcess,
+    reader: String,
+    /// The signing key's public file: the keys the reader pins.
+    keys: PathBuf,
+    /// Receipt ids in feed order.
+    ids: Vec<String>,
+}
+
+fn logged(db: &TestDb) -> Logged {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = ServeProcess::start_with(&db.url, &["--signing-key", path_arg(&key)]);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let agent = client();
+    let ids = (0..PLANS)
+        .map(|i| {
+            let run = format!("run-{i}");
+            let body = format!(
+                r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{"run":"{run}"}}}}"#
+            );
+            let receipt = keep_plan(&agent, &service.addr, &planner, &format!("key-{run}"), &body);
+            receipt["receipt_id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    Logged {
+        keys: PathBuf::from(format!("{}.pub", key.display())),
+        dir,
+        service,
+        reader,
+        ids,
+    }
+}
+
+fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// What one `follow --verify --from-start --drain` run did.
+struct Run {
+    code: Option<i32>,
+    stderr: String,
+    /// The receipt ids it handed on, in order.
+    handed: Vec<String>,
+    /// How many leaves its cursor file says were verified (0: no file).
+    verified: u64,
+}
+
+fn follow_verified(url: &str, logged: &Logged, cursor: &str, limit: u32) -> Run {
+    let cursor = logged.dir.path().join(cursor);
+    let limit = limit.to_string();
+    let out = tool(
+        &[
+            "follow",
+            "--verify",
+            "--keys",
+            path_arg(&logged.keys),
+            "--cursor-file",
+            path_arg(&cursor),
+            "--from-start",
+            "--drain",
+            "--limit",
+            &limit,
+        ],
+        url,
+        &logged.reader,
+    )
+    .output()
+    .expect("follow");
+    let handed = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let receipt: Value = serde_json::from_str(line).expect("a receipt line");
+            receipt["receipt_id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    let verified = std::fs::read_to_string(&cursor)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("verified ")?.parse().ok())
+        })
+        .unwrap_or(0);
+    Run {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        handed,
+        verified,
+    }
+}
+
+/// A run refused at log index `index`, having handed on and saved exactly
+/// the first `handed` receipts (the pages before the one refused).
+#[track_caller]
+fn refused_at(run: &Run, index: usize, handed: usize, ids: &[String]) {
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("log index {index}")),
+        "names log index {index}: {}",
+        run.stderr
+    );
+    assert_eq!(run.handed, ids[..handed], "{}", run.stderr);
+    assert_eq!(run.verified, handed as u64, "the saved proof");
+}
+
+fn an_honest_feed_is_handed_on_once_and_verification_resumes(db: TestDb) {
+    let logged = logged(&db);
+    let proxy = HttpProxy::honest(logged.service.addr.clone());
+    let first = follow_verified(&proxy.url, &logged, "orders.cursor", 3);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    assert_eq!(first.handed, logged.ids);
+    assert_eq!(first.verified, PLANS as u64);
+
+    // More plans; the next run goes on from the saved proof.
+    let planner = login_via_cli(&db.url, "planner-b", "plans:submit");
+    let agent = client();
+    let more: Vec<String> = (0..3)
+        .map(|i| {
+            let run = format!("more-{i}");
+            let body = format!(
+                r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{}}}}"#
+            );
+            keep_plan(&agent, &logged.service.addr, &planner, &run, &body)["receipt_id"]
+                .as_str()
+                .expect("an id")
+                .to_owned()
+        })
+        .collect();
+    let second = follow_verified(&proxy.url, &logged, "orders.cursor", 3);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert_eq!(second.handed, more, "each receipt once, none again");
+    assert_eq!(second.verified, (PLANS + 3) as u64);
+}
+
+/// What the tampering proxy does to feed pages.
+#[derive(Clone, Copy, Debug)]
+enum Tampering {
+    /// The receipt at this feed index is left out.
+    Drop(usize),
+    /// This receipt and the next change places.
+    Swap(usize),
+    /// This receipt comes twice.
+    Repeat(usize),
+    /// This receipt's run is changed, its signature kept.
+    Forge(usize),
+}
+
+/// Applies `tampering` to every feed page (its receipts hold the feed's
+/// indexes `ids` gives them).
+fn tampered(page: Vec<u8>, tampering: Tampering, ids: &[String]) -> Vec<u8> {
+    let Ok(mut page) = serde_json::from_slice::<Value>(&page) else {
+        return page;
+    };
+    let Some(receipts) = page["receipts"].as_array_mut() else {
+        return serde_json::to_vec(&page).expect("json");
+    };
+    let at = |receipts: &[Value], index: usize| {
+        receipts
+            .iter()
+            .position(|r| r["receipt_id"].as_str() == Some(&ids[index]))
+    };
+    match tampering {
+        Tampering::Drop(index) => {
+            if let Some(i) = at(receipts, index) {
+                receipts.remove(i);
+            }
+        }
+        Tampering::Swap(index) => {
+            if let (Some(i), Some(j)) = (at(receipts, index), at(receipts, index + 1)) {
+                receipts.swap(i, j);
+            }
+        }
+        Tampering::Repeat(index) => {
+            if let Some(i) = at(receipts, index) {
+                let copy = receipts[i].clone();
+                receipts.insert(i + 1, copy);
+            }
+        }
+        Tampering::Forge(index) => {
+            if let Some(i) = at(receipts, index) {
+                receipts[i]["run_id"] = Value::from("run-forged");
+            }
+        }
+    }
+    serde_json::to_vec(&page).expect("json")
+}
+
+fn each_tampering_is_named_and_nothing_past_it_is_saved(db: TestDb) {
+    let logged = logged(&db);
+    let ids = Arc::new(logged.ids.clone());
+    // Pages of two: (tampering, the index named, receipts handed on
+    // before it). A dropped receipt leaves a page that is the log's
+    // prefix: the next page is refused, at the index it left empty.
+    for (n, (tampering, named, handed)) in [
+        (Tampering::Drop(3), 3, 3),
+        (Tampering::Swap(4), 4, 4),
+        (Tampering::Repeat(2), 3, 2),
+        (Tampering::Forge(5), 5, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ids = Arc::clone(&ids);
+        let proxy = HttpProxy::start(
+            logged.service.addr.clone(),
+            Arc::new(str::to_owned),
+            Arc::new(move |target: &str, body: Vec<u8>| {
+                if target.starts_with("/v1/receipts?") {
+                    tampered(body, tampering, &ids)
+                } else {
+                    body
+                }
+            }),
+        );
+        let run = follow_verified(&proxy.url, &logged, &format!("tampered-{n}.cursor"), 2);
+        refused_at(&run, named, handed, &logged.ids);
+    }
+
+    // A page's `next` jumped ahead: the request after the first page is
+    // sent for the page after the second.
+    let cursors = page_cursors(&logged, 2);
+    let (skipped_from, skipped_to) = (cursors[0].clone(), cursors[1].clone());
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(move |target: &str| {
+            let after = format!("after={skipped_from}");
+            if target.contains(&after) {
+                target.replace(&after, &format!("after={skipped_to}"))
+            } else {
+                target.to_owned()
+            }
+        }),
+        Arc::new(|_: &str, body: Vec<u8>| body),
+    );
+    let run = follow_verified(&proxy.url, &logged, "jumped.cursor", 2);
+    refused_at(&run, 2, 2, &logged.ids);
+}
+
+/// The `next` of each page of `limit` receipts, read from the service.
+fn page_cursors(logged: &Logged, limit: usize) -> Vec<String> {
+    let agent = client();
+    let mut cursors = Vec::new();
+    let mut after = String::new();
+    loop {
+        let mut path = format!("/v1/receipts?limit={limit}");
+        if !after.is_empty() {
+            path.push_str(&format!("&after={after}"));
+        }
+        let (status, page) =
+            crate::support::process::get(&agent, &logged.service.addr, &logged.reader, &path);
+        assert_eq!(status, 200, "{page}");
+        if page["receipts"].as_array().is_none_or(Vec::is_empty) {
+            return cursors;
+        }
+        after = page["next"].as_str().expect("next").to_owned();
+        cursors.push(after.clone());
+    }
+}
+
+fn rows_edited_or_deleted_after_they_were_logged_are_named(db: TestDb) {
+    let logged = logged(&db);
+    let url = format!("http://{}", logged.service.addr);
+    // Logged first: an honest run proves all of it.
+    let honest = follow_verified(&url, &logged, "honest.cursor", 2);
+    assert_eq!(honest.code, Some(0), "{}", honest.stderr);
+
+    // An edit of a signed member (the permissions) of index 5.
+    tamper(
+        &db,
+        &format!(
+            "UPDATE plans SET permissions = '[\"plans:submit\",\"receipts:read\"]' WHERE receipt_id = '{}';",
+            logged.ids[5]
+        ),
+    );
+    let run = follow_verified(&url, &logged, "edited.cursor", 2);
+    refused_at(&run, 5, 4, &logged.ids);
+
+    // Index 3 deleted, its key row first.
+    tamper(
+        &db,
+        &format!(
+            "DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{0}');
+             DELETE FROM plans WHERE receipt_id = '{0}';",
+            logged.ids[3]
+        ),
+    );
+    let run = follow_verified(&url, &logged, "deleted.cursor", 2);
+    refused_at(&run, 3, 2, &logged.ids);
+}
