@@ -100,9 +100,9 @@ pub struct ServeSettings {
     /// The name of an environment variable holding a signing key (instead of a file; signs before any --signing-key)
     #[arg(long, value_name = "VAR")]
     pub signing_key_env: Option<String>,
-    /// The receipt log's origin: the first line of every checkpoint it signs
-    #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", default_value = DEFAULT_LOG_ORIGIN, value_parser = parse_origin)]
-    pub log_origin: String,
+    /// The receipt log's origin, the first line of every checkpoint it signs: name the deployment (e.g. intake.example.com/receipts). Default: the origin of the log in the database, else one derived from the signing key (plan-intake/KEYID), said at start
+    #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", value_parser = parse_origin)]
+    pub log_origin: Option<String>,
     /// A file where this instance keeps the last checkpoint it signed, outside the database: after a restore or a lossy failover, a tree that does not extend it is never signed
     #[arg(long, env = "PLAN_INTAKE_CHECKPOINT_FILE", value_name = "PATH")]
     pub checkpoint_file: Option<PathBuf>,
@@ -205,9 +205,15 @@ pub fn run(
     match signing_keys.split_first() {
         Some((signer, others)) => {
             intake = intake.signing_with(signer.clone());
+            let origin = log_origin(
+                &intake,
+                config.log_origin.as_deref(),
+                signer,
+                &at_start_deadline,
+            )?;
             tracing::info!(
                 key = signer.key_id(),
-                origin = %config.log_origin,
+                origin = %origin,
                 "receipts are signed, and appended to the receipt log"
             );
             for key in others {
@@ -219,9 +225,7 @@ pub fn run(
             // checkpoint file of another log, a stored log that does not
             // extend the checkpoint kept there.
             let signed = match config.checkpoint_file.as_deref() {
-                Some(file) => {
-                    last_signed(file, &config.log_origin).map_err(ServeError::ReceiptLog)?
-                }
+                Some(file) => last_signed(file, &origin).map_err(ServeError::ReceiptLog)?,
                 None => None,
             };
             if let Some(signed) = signed {
@@ -240,7 +244,7 @@ pub fn run(
             keep_signing_key_recorded(intake.clone());
             keep_receipt_log_appended(
                 intake.clone(),
-                config.log_origin.clone(),
+                origin,
                 config.checkpoint_file.clone(),
                 signed,
             );
@@ -431,6 +435,52 @@ fn cannot_get_past(error: &(dyn std::error::Error + 'static)) -> bool {
                 | AppendError::Signing(_)
         )
     )
+}
+
+/// The receipt log's origin: the one given (never the shared default for
+/// a new log: a checkpoint of another deployment, signed by a key of the
+/// same name, could pass for this one's); else the one the log in the
+/// database has; else one derived from the signing key, unique to it.
+fn log_origin(
+    intake: &Intake,
+    given: Option<&str>,
+    signer: &crate::intake::signing::SigningKey,
+    deadline: &Deadline,
+) -> Result<String, ServeError> {
+    let stored = intake.stored_log_origin(deadline).map_err(|error| {
+        ServeError::ReceiptLog(format!(
+            "cannot read the receipt log's origin from the database: {}",
+            crate::report::chain(&error)
+        ))
+    })?;
+    match (given, stored) {
+        (Some(given), stored)
+            if given == DEFAULT_LOG_ORIGIN && stored.as_deref() != Some(given) =>
+        {
+            Err(ServeError::ReceiptLog(format!(
+                "--log-origin {given} is every deployment's default: name this deployment's log (e.g. intake.example.com/receipts), or leave it out to have one derived from the signing key"
+            )))
+        }
+        (Some(given), _) => Ok(given.to_owned()),
+        (None, Some(stored)) => {
+            if stored == DEFAULT_LOG_ORIGIN {
+                tracing::warn!(
+                    origin = %stored,
+                    "the receipt log is named by the shared default: its checkpoints do not say which deployment signed them; a new log (new key and --log-origin) would"
+                );
+            }
+            Ok(stored)
+        }
+        (None, None) => {
+            let id = signer.key_id().rsplit('+').next().unwrap_or_default();
+            let derived = format!("{DEFAULT_LOG_ORIGIN}/{id}");
+            tracing::warn!(
+                origin = %derived,
+                "the receipt log is named after the signing key's id (unique to the key); name the deployment with --log-origin before its first checkpoint"
+            );
+            Ok(derived)
+        }
+    }
 }
 
 /// The size and root of the checkpoint kept in `file`, if there is one yet.

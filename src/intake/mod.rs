@@ -558,6 +558,15 @@ impl Intake {
         }
     }
 
+    /// The origin of the log in the database (its newest checkpoint's
+    /// first line), if it has one; read at start, not handed out.
+    pub fn stored_log_origin(&self, deadline: &Deadline) -> Result<Option<String>, ReadError> {
+        let found = self
+            .db
+            .read(deadline, crate::storage::receipt_log::latest_checkpoint)?;
+        Ok(found.and_then(|c| c.note.lines().next().map(str::to_owned)))
+    }
+
     /// The `tlog-proof` of `receipt_id` in the newest checkpoint, if
     /// `login` may see the receipt: `Some(None)` while it is not in one yet.
     /// A proof is answered once the synchronous standby has its checkpoint.

@@ -69,7 +69,7 @@ fn serve_stalling_at(url: &str, key: &Path, leaves: u64) -> ServeProcess {
 }
 
 /// GET `path` as text: the status and the body.
-fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
+pub(crate) fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
     let mut request = client().get(&format!("http://{addr}{path}"));
     if let Some(token) = token {
         request = request.set("Authorization", &format!("Bearer {token}"));
@@ -86,7 +86,7 @@ fn get_text(addr: &str, token: Option<&str>, path: &str) -> (u16, String) {
 }
 
 /// The newest checkpoint once it holds at least `size` leaves (within 30 s).
-fn checkpoint_of_at_least(addr: &str, size: u64) -> String {
+pub(crate) fn checkpoint_of_at_least(addr: &str, size: u64) -> String {
     let start = Instant::now();
     loop {
         let (status, note) = get_text(addr, None, "/v1/checkpoint");
@@ -348,10 +348,11 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
         &std::fs::read_to_string(&key).expect("key"),
     )
     .expect("the key");
+    let origin = early.lines().next().expect("the log's origin");
     let forge = |size: u64, name: &str| {
         let note = plan_intake::intake::receipt_log::checkpoint_note(
             &signer,
-            "plan-intake",
+            origin,
             size,
             tlog_tiles::record_hash(b"another tree"),
         )

@@ -223,7 +223,51 @@ fn a_key_published_as_another_makes_the_service_not_ready(db: TestDb) {
 }
 
 crate::on_both_backends_sync!(
+    a_deployment_names_its_log_never_by_the_shared_default,
     a_key_published_as_another_makes_the_service_not_ready,
     a_checkpoint_file_of_another_log_refuses_the_start,
     a_log_that_cannot_be_appended_to_makes_the_service_not_ready,
 );
+
+/// A new log is never signed under the shared default origin: asked for
+/// it, `serve` refuses; given none, it derives one from the signing key
+/// (`plan-intake/KEYID`) and says so; restarted with another key, the
+/// log keeps the name it has.
+fn a_deployment_names_its_log_never_by_the_shared_default(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let said = serve_refused(
+        &db.url,
+        &["--signing-key", arg(&key), "--log-origin", "plan-intake"],
+    );
+    assert!(
+        said.contains("--log-origin plan-intake is every deployment's default"),
+        "{said}"
+    );
+
+    let service = ServeProcess::start_with(&db.url, &["--signing-key", arg(&key)]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service, &token, "named", 1);
+    let note = crate::evidence::checkpoint_of_at_least(&service.addr, 1);
+    let public = std::fs::read_to_string(format!("{}.pub", key.display())).expect("public key");
+    let key_id = public
+        .trim()
+        .split('+')
+        .nth(1)
+        .expect("the key's id")
+        .to_owned();
+    let origin = note.lines().next().expect("an origin").to_owned();
+    assert_eq!(origin, format!("plan-intake/{key_id}"), "{note}");
+    service.terminate();
+
+    // Restarted with a new key (a rotation): the log keeps its name, not
+    // one derived from the new key.
+    let new_key = generate_key(dir.path(), "k2");
+    let service = ServeProcess::start_with(
+        &db.url,
+        &["--signing-key", arg(&new_key), "--signing-key", arg(&key)],
+    );
+    submit(&service, &token, "again", 1);
+    let note = crate::evidence::checkpoint_of_at_least(&service.addr, 2);
+    assert_eq!(note.lines().next(), Some(origin.as_str()), "{note}");
+}

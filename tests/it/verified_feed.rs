@@ -20,6 +20,8 @@ use crate::support::process::{ServeProcess, client, keep_plan, login_via_cli};
 use crate::tools::tool;
 
 on_both_backends_sync!(
+    a_checkpoint_of_another_deployment_with_the_same_key_is_refused,
+    a_follower_killed_mid_page_resumes_verification_from_its_saved_proof,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -42,6 +44,11 @@ struct Logged {
 fn logged(db: &TestDb) -> Logged {
     let dir = tempfile::tempdir().expect("temp dir");
     let key = generate_key(dir.path(), "k1");
+    logged_with(db, dir, key)
+}
+
+/// As [`logged`], signing with `key` (in `dir`).
+fn logged_with(db: &TestDb, dir: tempfile::TempDir, key: PathBuf) -> Logged {
     let service = ServeProcess::start_with(&db.url, &["--signing-key", path_arg(&key)]);
     let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
     let reader = login_via_cli(&db.url, "orders", "receipts:read");
@@ -79,27 +86,32 @@ struct Run {
     verified: u64,
 }
 
+/// `follow --verify --from-start --drain` in pages of `limit`, then `more`.
+fn follow_args(logged: &Logged, cursor: &Path, limit: u32, more: &[&str]) -> Vec<String> {
+    let limit = limit.to_string();
+    let keys = path_arg(&logged.keys);
+    let cursor = path_arg(cursor);
+    let args = [
+        "follow",
+        "--verify",
+        "--keys",
+        keys,
+        "--cursor-file",
+        cursor,
+    ];
+    let paging = ["--from-start", "--drain", "--limit", &limit];
+    args.iter()
+        .chain(&paging)
+        .chain(more)
+        .map(|arg| (*arg).to_owned())
+        .collect()
+}
+
 fn follow_verified(url: &str, logged: &Logged, cursor: &str, limit: u32) -> Run {
     let cursor = logged.dir.path().join(cursor);
-    let limit = limit.to_string();
-    let out = tool(
-        &[
-            "follow",
-            "--verify",
-            "--keys",
-            path_arg(&logged.keys),
-            "--cursor-file",
-            path_arg(&cursor),
-            "--from-start",
-            "--drain",
-            "--limit",
-            &limit,
-        ],
-        url,
-        &logged.reader,
-    )
-    .output()
-    .expect("follow");
+    let args = follow_args(logged, &cursor, limit, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = tool(&args, url, &logged.reader).output().expect("follow");
     let handed = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|line| {
@@ -319,4 +331,114 @@ fn rows_edited_or_deleted_after_they_were_logged_are_named(db: TestDb) {
     );
     let run = follow_verified(&url, &logged, "deleted.cursor", 2);
     refused_at(&run, 3, 2, &logged.ids);
+}
+
+/// Another deployment signing with the same key (so under the same derived
+/// origin) answers the checkpoint requests after the first page: its
+/// checkpoint does not extend the one the follower saved, so the second
+/// page is refused, the first kept.
+fn a_checkpoint_of_another_deployment_with_the_same_key_is_refused(db: TestDb) {
+    let logged = logged(&db);
+    let other_db = match db.backend {
+        plan_intake::storage::Backend::Sqlite => TestDb::sqlite(),
+        plan_intake::storage::Backend::Postgres => TestDb::postgres().expect("a scratch Postgres"),
+    };
+    let key = logged.dir.path().join("k1");
+    let other_dir = tempfile::tempdir().expect("temp dir");
+    let other_key = other_dir.path().join("k1");
+    std::fs::copy(&key, &other_key).expect("the same key");
+    let other = logged_with(&other_db, other_dir, other_key);
+    crate::evidence::checkpoint_of_at_least(&other.service.addr, PLANS as u64);
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let other_addr = other.service.addr.clone();
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(move |target: &str, body: Vec<u8>| {
+            let checkpoint = target.starts_with("/v1/checkpoint/extension");
+            if !checkpoint || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                return body;
+            }
+            let (_, other_body) = crate::evidence::get_text(&other_addr, None, target);
+            other_body.into_bytes()
+        }),
+    );
+    let run = follow_verified(&proxy.url, &logged, "other.cursor", 2);
+    refused_at(&run, 2, 2, &logged.ids);
+    assert!(
+        run.stderr.contains("does not extend the one of"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Killed (SIGKILL) while its CMD holds the second page: the next run
+/// starts from the proof saved with the first page's cursor, hands the
+/// second page again, and verifies to the end.
+fn a_follower_killed_mid_page_resumes_verification_from_its_saved_proof(db: TestDb) {
+    let logged = logged(&db);
+    let url = format!("http://{}", logged.service.addr);
+    let dir = logged.dir.path();
+    let (handed, held, resumed) = (
+        dir.join("handed.jsonl"),
+        dir.join("held"),
+        dir.join("resumed"),
+    );
+    // Each page appended to `handed`; the second one, before `resumed`
+    // exists, is held: CMD says its pid in `held` and sleeps.
+    let command = format!(
+        "cat >> {handed}; if [ $(wc -l < {handed}) -eq 4 ] && [ ! -e {resumed} ]; then echo $$ > {held}.tmp; mv {held}.tmp {held}; exec sleep 600; fi",
+        handed = path_arg(&handed),
+        held = path_arg(&held),
+        resumed = path_arg(&resumed),
+    );
+    let cursor = dir.join("killed.cursor");
+    let args = follow_args(&logged, &cursor, 2, &["--exec", &command]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = tool(&args, &url, &logged.reader).spawn().expect("follow");
+    let start = std::time::Instant::now();
+    let holder = loop {
+        if let Ok(pid) = std::fs::read_to_string(&held) {
+            break pid.trim().to_owned();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the second page never reached CMD"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    first.kill().expect("SIGKILL the follower");
+    let _ = first.wait();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &holder])
+        .status();
+    let saved = std::fs::read_to_string(&cursor).expect("the first page's cursor");
+    assert!(saved.contains("verified 2\n"), "{saved}");
+
+    std::fs::write(&resumed, "").expect("let CMD go on");
+    let second = tool(&args, &url, &logged.reader)
+        .output()
+        .expect("follow again");
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let ids: Vec<String> = std::fs::read_to_string(&handed)
+        .expect("handed")
+        .lines()
+        .map(|line| {
+            let receipt: Value = serde_json::from_str(line).expect("a receipt line");
+            receipt["receipt_id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    let expected: Vec<String> = logged.ids[..4]
+        .iter()
+        .chain(&logged.ids[2..])
+        .cloned()
+        .collect();
+    assert_eq!(ids, expected, "the held page again, then the rest, once");
+    let saved = std::fs::read_to_string(&cursor).expect("the cursor");
+    assert!(saved.contains(&format!("verified {PLANS}\n")), "{saved}");
 }

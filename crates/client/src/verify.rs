@@ -261,7 +261,7 @@ impl Verified {
         let last = extended.after.size.saturating_sub(1);
         let fail = |check: String| {
             unverified(format!(
-                "log indexes {first} to {last} (verified up to {first}): {check}"
+                "log index {first} (the page's first, to {last}; every receipt before it verified): {check}"
             ))
         };
         let checkpoint = verify_checkpoint(&answer.checkpoint, keys)
