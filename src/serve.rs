@@ -204,7 +204,9 @@ pub fn run(
     let at_start_deadline = Deadline::after(http_config.request_timeout);
     match signing_keys.split_first() {
         Some((signer, others)) => {
-            intake = intake.signing_with(signer.clone());
+            intake = intake
+                .signing_with(signer.clone())
+                .cosigning_with(others.to_vec());
             let origin = log_origin(
                 &intake,
                 config.log_origin.as_deref(),

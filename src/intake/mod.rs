@@ -62,6 +62,9 @@ pub struct Intake {
     /// The key new receipts and checkpoints are signed with; `None`: the
     /// service signs nothing and keeps no log.
     signing: Option<std::sync::Arc<signing::SigningKey>>,
+    /// Keys being rotated out: they sign each checkpoint beside `signing`,
+    /// so a reader pinned to one keeps verifying until it adds the new.
+    cosigning: Vec<std::sync::Arc<signing::SigningKey>>,
     /// Why the receipt log's appender cannot go on, while it cannot (set by
     /// the appender; `/readyz` tells it).
     log_stuck: Told,
@@ -108,6 +111,7 @@ impl Intake {
             known: std::sync::Arc::default(),
             strangers: std::sync::Arc::default(),
             signing: None,
+            cosigning: Vec::new(),
             log_stuck: Told::default(),
             key_unpublished: Told::default(),
         }
@@ -116,6 +120,13 @@ impl Intake {
     /// This facade, signing new receipts and the log's checkpoints with `key`.
     pub fn signing_with(mut self, key: std::sync::Arc<signing::SigningKey>) -> Self {
         self.signing = Some(key);
+        self
+    }
+
+    /// This facade, also signing the log's checkpoints with `keys` (keys
+    /// being rotated out; receipts are signed by the new key alone).
+    pub fn cosigning_with(mut self, keys: Vec<std::sync::Arc<signing::SigningKey>>) -> Self {
+        self.cosigning = keys;
         self
     }
 
@@ -398,7 +409,11 @@ impl Intake {
         let Some(key) = self.signing_key() else {
             return Ok(None);
         };
-        let writer = receipt_log::LogSigner { key, origin };
+        let writer = receipt_log::LogSigner {
+            key,
+            cosigners: &self.cosigning,
+            origin,
+        };
         let mut conn = self.db.conn()?;
         Ok(crate::storage::receipt_log::append(
             &mut conn,

@@ -17,9 +17,11 @@ use crate::storage::{Database, StorageError};
 /// The first line of a C2SP `tlog-proof`.
 pub const PROOF_HEADER: &str = "c2sp.org/tlog-proof@v1";
 
-/// Signs the log's checkpoints with `key` under `origin`.
+/// Signs the log's checkpoints with `key`, and `cosigners` beside it (keys
+/// being rotated out), under `origin`.
 pub struct LogSigner<'a> {
     pub key: &'a SigningKey,
+    pub cosigners: &'a [std::sync::Arc<SigningKey>],
     pub origin: &'a str,
 }
 
@@ -30,13 +32,16 @@ impl LogWriter for LogSigner<'_> {
     }
 
     fn checkpoint(&self, size: u64, root: Hash) -> Result<String, WriterError> {
-        Ok(checkpoint_note(self.key, self.origin, size, root)?)
+        let mut keys = vec![self.key];
+        keys.extend(self.cosigners.iter().map(|k| &**k));
+        Ok(checkpoint_note(&keys, self.origin, size, root)?)
     }
 }
 
-/// The signed note of a checkpoint: origin, size and root hash, signed by `key`.
+/// The signed note of a checkpoint: origin, size and root hash, signed by
+/// each of `keys` (C2SP allows several: the new key and the one rotated out).
 pub fn checkpoint_note(
-    key: &SigningKey,
+    keys: &[&SigningKey],
     origin: &str,
     size: u64,
     root: Hash,
@@ -45,8 +50,11 @@ pub fn checkpoint_note(
         .map_err(|_| format!("{origin:?} is not a checkpoint origin"))?
         .to_bytes();
     let mut note = signed_note::Note::new(&text, &[]).map_err(|e| e.to_string())?;
-    note.add_sigs(&[key.note_signer()])
-        .map_err(|e| e.to_string())?;
+    let signers: Vec<&dyn signed_note::Signer> = keys
+        .iter()
+        .map(|k| k.note_signer() as &dyn signed_note::Signer)
+        .collect();
+    note.add_sigs(&signers).map_err(|e| e.to_string())?;
     String::from_utf8(note.to_bytes()).map_err(|e| e.to_string())
 }
 
@@ -542,8 +550,13 @@ mod tests {
         }
         let (key, _) = SigningKey::generate("plan-intake.test").expect("key");
         let keys = TrustedKeys::parse(key.verifier_key()).expect("keys");
-        let note = checkpoint_note(&key, "plan-intake.test/log", 8, tree.root(8).expect("root"))
-            .expect("signed");
+        let note = checkpoint_note(
+            &[&key],
+            "plan-intake.test/log",
+            8,
+            tree.root(8).expect("root"),
+        )
+        .expect("signed");
         let checkpoint = verify_checkpoint(&note, &keys).expect("verifies");
         assert_eq!(
             (checkpoint.size, checkpoint.origin.as_str()),
@@ -563,6 +576,51 @@ mod tests {
                     leaves[index as usize]
                 )
                 .is_ok()
+            );
+        }
+    }
+
+    /// A checkpoint carries the signatures of the new key and the one
+    /// rotated out; a reader pinned to either verifies it. A note that
+    /// carries a valid and an invalid signature by the same key is refused,
+    /// whichever comes first.
+    #[test]
+    fn checkpoints_carry_both_keys_of_a_rotation_and_no_bad_twin() {
+        use base64::Engine as _;
+        let (new, _) = SigningKey::generate("new").expect("key");
+        let (old, _) = SigningKey::generate("old").expect("key");
+        let root = tlog_tiles::record_hash(b"leaf");
+        let note = checkpoint_note(&[&new, &old], "plan-intake.test/log", 1, root).expect("note");
+        for key in [&new, &old] {
+            let pinned = TrustedKeys::parse(key.verifier_key()).expect("keys");
+            let checkpoint = verify_checkpoint(&note, &pinned).expect("verifies");
+            assert_eq!(checkpoint.signers, [key.key_id()]);
+        }
+        // A twin of the old key's signature line with its last byte flipped.
+        let line = note
+            .lines()
+            .find(|l| l.starts_with("— old "))
+            .expect("the old key's line");
+        let (prefix, b64) = line.rsplit_once(' ').expect("a signature");
+        let mut bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        if let Some(last) = bytes.last_mut() {
+            *last ^= 1;
+        }
+        let twin = format!(
+            "{prefix} {}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        );
+        let pinned = TrustedKeys::parse(old.verifier_key()).expect("keys");
+        for forged in [
+            note.replace(line, &format!("{line}\n{twin}")),
+            note.replace(line, &format!("{twin}\n{line}")),
+        ] {
+            let refused = verify_checkpoint(&forged, &pinned).expect_err("refused");
+            assert!(
+                refused.contains("old+") || refused.contains("old"),
+                "{refused}"
             );
         }
     }

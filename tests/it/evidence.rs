@@ -351,7 +351,7 @@ fn audit_names_an_edited_plan_a_removed_receipt_a_reordered_feed_and_a_fork(db: 
     let origin = early.lines().next().expect("the log's origin");
     let forge = |size: u64, name: &str| {
         let note = plan_intake::intake::receipt_log::checkpoint_note(
-            &signer,
+            &[&signer],
             origin,
             size,
             tlog_tiles::record_hash(b"another tree"),

@@ -22,6 +22,7 @@ use crate::tools::tool;
 on_both_backends_sync!(
     a_checkpoint_of_another_deployment_with_the_same_key_is_refused,
     a_follower_killed_mid_page_resumes_verification_from_its_saved_proof,
+    a_follower_pinned_to_the_old_key_verifies_across_a_rotation,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -441,4 +442,101 @@ fn a_follower_killed_mid_page_resumes_verification_from_its_saved_proof(db: Test
     assert_eq!(ids, expected, "the held page again, then the rest, once");
     let saved = std::fs::read_to_string(&cursor).expect("the cursor");
     assert!(saved.contains(&format!("verified {PLANS}\n")), "{saved}");
+}
+
+/// Plans `prefix-0`… written to `service`; their receipt ids.
+fn write_plans(service: &ServeProcess, planner: &str, prefix: &str, count: usize) -> Vec<String> {
+    let agent = client();
+    (0..count)
+        .map(|i| {
+            let run = format!("{prefix}-{i}");
+            let body = format!(
+                r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{}}}}"#
+            );
+            keep_plan(&agent, &service.addr, planner, &run, &body)["receipt_id"]
+                .as_str()
+                .expect("an id")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Rotated (`--signing-key NEW --signing-key OLD`), each checkpoint is
+/// signed by both keys, so a follower pinned to the old key alone goes on
+/// verifying (the new key's receipts held to their leaves); once the old
+/// key is gone, that follower stops (76) and one that pinned the new key
+/// too goes on.
+fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
+    let mut logged = logged(&db);
+    let planner = login_via_cli(&db.url, "planner-b", "plans:submit");
+    let first = follow_verified(
+        &format!("http://{}", logged.service.addr),
+        &logged,
+        "old.cursor",
+        3,
+    );
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+
+    let old = logged.dir.path().join("k1");
+    let new = generate_key(logged.dir.path(), "k2");
+    logged.service.terminate();
+    logged.service = ServeProcess::start_with(
+        &db.url,
+        &[
+            "--signing-key",
+            path_arg(&new),
+            "--signing-key",
+            path_arg(&old),
+        ],
+    );
+    let rotated = write_plans(&logged.service, &planner, "rotated", 3);
+    let note = crate::evidence::checkpoint_of_at_least(&logged.service.addr, (PLANS + 3) as u64);
+    assert_eq!(
+        note.lines().filter(|l| l.starts_with("— ")).count(),
+        2,
+        "signed by both keys: {note}"
+    );
+    let during = follow_verified(
+        &format!("http://{}", logged.service.addr),
+        &logged,
+        "old.cursor",
+        3,
+    );
+    assert_eq!(during.code, Some(0), "{}", during.stderr);
+    assert_eq!(during.handed, rotated);
+
+    logged.service.terminate();
+    logged.service = ServeProcess::start_with(&db.url, &["--signing-key", path_arg(&new)]);
+    write_plans(&logged.service, &planner, "after", 1);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, (PLANS + 4) as u64);
+    let after = follow_verified(
+        &format!("http://{}", logged.service.addr),
+        &logged,
+        "old.cursor",
+        3,
+    );
+    assert_eq!(after.code, Some(76), "{}", after.stderr);
+    assert!(
+        after.stderr.contains("checkpoint signature check"),
+        "{}",
+        after.stderr
+    );
+    assert!(after.handed.is_empty());
+
+    // The reader adds the new key: it goes on from where it stopped.
+    let both = logged.dir.path().join("both.pub");
+    let keys = [&old, &new]
+        .iter()
+        .map(|key| std::fs::read_to_string(format!("{}.pub", key.display())).expect("public key"))
+        .collect::<String>();
+    std::fs::write(&both, keys).expect("both keys");
+    logged.keys = both;
+    let added = follow_verified(
+        &format!("http://{}", logged.service.addr),
+        &logged,
+        "old.cursor",
+        3,
+    );
+    assert_eq!(added.code, Some(0), "{}", added.stderr);
+    assert_eq!(added.handed.len(), 1);
 }

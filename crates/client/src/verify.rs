@@ -3,6 +3,10 @@
 //! receipt log after the last one it handed on. The keys are pinned by
 //! the reader; nothing the service says at run time adds one.
 //!
+//! A receipt signed by a key the reader has not pinned (the new key of a
+//! rotation) is held to its leaf alone: the checkpoints carry the old
+//! key's signature beside the new one's while it is rotated out.
+//!
 //! What it holds between pages ([`Verified`], saved with the cursor): how
 //! many leaves it handed on, the right edge of their tree (the roots of
 //! its perfect subtrees, so the next leaves extend it without the rest),
@@ -20,7 +24,7 @@ use tlog_tiles::{Hash, node_hash, record_hash};
 
 use plan_intake_wire::Receipt;
 use plan_intake_wire::evidence::{
-    CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint, verify_receipt,
+    BadSignature, CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint, verify_receipt,
 };
 
 /// What a verifying follower proved so far; saved with each cursor.
@@ -228,12 +232,18 @@ impl Verified {
             let index = after.size;
             let receipt = receipt_of(entry, expand)
                 .map_err(|why| unverified(format!("log index {index}: {why}")))?;
-            verify_receipt(&receipt, keys).map_err(|e| {
-                unverified(format!(
-                    "log index {index} (receipt {}): signature check: {e}",
-                    receipt.receipt_id
-                ))
-            })?;
+            match verify_receipt(&receipt, keys) {
+                // A key the reader has not pinned yet (a rotation's new
+                // one): the receipt is still held to the leaf a checkpoint
+                // signed by a pinned key proves, like every other.
+                Ok(()) | Err(BadSignature::UnknownKey(_)) => {}
+                Err(e) => {
+                    return Err(unverified(format!(
+                        "log index {index} (receipt {}): signature check: {e}",
+                        receipt.receipt_id
+                    )));
+                }
+            }
             let leaf = signed_form(&receipt).map_err(|e| {
                 unverified(format!(
                     "log index {index}: its signed form cannot be made: {e}"

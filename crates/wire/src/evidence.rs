@@ -205,13 +205,38 @@ pub struct VerifiedCheckpoint {
     pub signers: Vec<String>,
 }
 
-/// `note` as a checkpoint signed by at least one of `keys`.
+/// `note` as a checkpoint signed by at least one of `keys`, every
+/// signature it carries by a trusted key holding (a note with a valid and
+/// an invalid signature by the same key is refused).
 pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheckpoint, String> {
     let parsed = signed_note::Note::from_bytes(note.as_bytes())
         .map_err(|e| format!("not a signed note: {e}"))?;
+    let verifiers = keys.note_verifiers();
     let (signed, _) = parsed
-        .verify(&keys.note_verifiers())
+        .verify(&verifiers)
         .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
+    // The reader above checks one signature per key; every one must hold.
+    let signatures = note
+        .as_bytes()
+        .get(parsed.text().len() + 1..)
+        .unwrap_or_default();
+    for line in signatures.split_inclusive(|&b| b == b'\n') {
+        let Ok(signature) =
+            signed_note::Signature::from_bytes(line.strip_suffix(b"\n").unwrap_or(line))
+        else {
+            continue;
+        };
+        if let Ok(verifier) =
+            signed_note::Verifiers::verifier(&verifiers, signature.name(), signature.id())
+            && !verifier.verify(parsed.text(), signature.signature())
+        {
+            return Err(format!(
+                "it carries a signature by {}+{:08x} that does not hold beside one that does",
+                signature.name(),
+                signature.id()
+            ));
+        }
+    }
     let checkpoint = Checkpoint::from_bytes(parsed.text())
         .map_err(|_| "its text is not a checkpoint (origin, size, root hash)".to_owned())?;
     Ok(VerifiedCheckpoint {
