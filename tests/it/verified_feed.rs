@@ -23,6 +23,7 @@ on_both_backends_sync!(
     a_checkpoint_of_another_deployment_with_the_same_key_is_refused,
     a_follower_killed_mid_page_resumes_verification_from_its_saved_proof,
     a_follower_pinned_to_the_old_key_verifies_across_a_rotation,
+    an_expanded_plan_is_held_to_its_receipt,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -109,14 +110,25 @@ fn follow_args(logged: &Logged, cursor: &Path, limit: u32, more: &[&str]) -> Vec
 }
 
 fn follow_verified(url: &str, logged: &Logged, cursor: &str, limit: u32) -> Run {
+    follow_verified_with(url, logged, cursor, limit, &[])
+}
+
+fn follow_verified_with(
+    url: &str,
+    logged: &Logged,
+    cursor: &str,
+    limit: u32,
+    more: &[&str],
+) -> Run {
     let cursor = logged.dir.path().join(cursor);
-    let args = follow_args(logged, &cursor, limit, &[]);
+    let args = follow_args(logged, &cursor, limit, more);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = tool(&args, url, &logged.reader).output().expect("follow");
     let handed = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|line| {
-            let receipt: Value = serde_json::from_str(line).expect("a receipt line");
+            let entry: Value = serde_json::from_str(line).expect("a receipt line");
+            let receipt = entry.get("receipt").unwrap_or(&entry);
             receipt["receipt_id"].as_str().expect("an id").to_owned()
         })
         .collect();
@@ -539,4 +551,40 @@ fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
     );
     assert_eq!(added.code, Some(0), "{}", added.stderr);
     assert_eq!(added.handed.len(), 1);
+}
+
+/// With `--expand`, each plan's content and approved inputs are held to
+/// the hashes its signed receipt was given: a content changed on the way
+/// stops the follower at its index.
+fn an_expanded_plan_is_held_to_its_receipt(db: TestDb) {
+    let logged = logged(&db);
+    let url = format!("http://{}", logged.service.addr);
+    let honest = follow_verified_with(&url, &logged, "expanded.cursor", 2, &["--expand"]);
+    assert_eq!(honest.code, Some(0), "{}", honest.stderr);
+    assert_eq!(honest.handed, logged.ids);
+
+    let changed = logged.ids[3].clone();
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(move |target: &str, body: Vec<u8>| {
+            if !target.starts_with("/v1/receipts?") {
+                return body;
+            }
+            let mut page: Value = serde_json::from_slice(&body).expect("a page");
+            for entry in page["receipts"].as_array_mut().into_iter().flatten() {
+                if entry["receipt"]["receipt_id"].as_str() == Some(&changed) {
+                    entry["content"] = serde_json::json!({"run": "changed"});
+                }
+            }
+            serde_json::to_vec(&page).expect("json")
+        }),
+    );
+    let run = follow_verified_with(&proxy.url, &logged, "changed.cursor", 2, &["--expand"]);
+    refused_at(&run, 3, 2, &logged.ids);
+    assert!(
+        run.stderr.contains("not what the receipt was given for"),
+        "{}",
+        run.stderr
+    );
 }

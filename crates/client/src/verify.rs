@@ -345,10 +345,29 @@ fn receipt_of(entry: &RawValue, expand: bool) -> Result<Receipt, String> {
         struct Expanded<'a> {
             #[serde(borrow)]
             receipt: &'a RawValue,
+            #[serde(borrow)]
+            approved_inputs: &'a RawValue,
+            #[serde(borrow)]
+            content: &'a RawValue,
         }
         let expanded: Expanded = serde_json::from_str(entry.get())
-            .map_err(|e| format!("an entry without its receipt: {e}"))?;
-        return receipt_of(expanded.receipt, false);
+            .map_err(|e| format!("not a plan with its receipt: {e}"))?;
+        let receipt = receipt_of(expanded.receipt, false)?;
+        // The plan is held to the hashes its (signed) receipt was given.
+        let hashes = plan_intake_wire::hashing::hashes_of_stored(
+            expanded.approved_inputs.get(),
+            expanded.content.get(),
+            &receipt.run_id,
+        );
+        if hashes.content_hash != receipt.content_hash
+            || hashes.request_hash != receipt.request_hash
+        {
+            return Err(format!(
+                "receipt {}: its plan's content or approved inputs are not what the receipt was given for (they hash to {})",
+                receipt.receipt_id, hashes.content_hash
+            ));
+        }
+        return Ok(receipt);
     }
     Receipt::parse(entry.get()).map_err(|e| format!("not a receipt: {e}"))
 }
