@@ -44,6 +44,9 @@ pub struct FollowArgs {
     /// Exit 0 at the first empty page (for batch jobs)
     #[arg(long)]
     pub drain: bool,
+    /// Seconds between two lines saying how far behind the feed's end the follower is (INFO; 0: after every page)
+    #[arg(long, default_value_t = FollowOptions::DEFAULT_LAG_EVERY.as_secs())]
+    pub lag_every_secs: u64,
     /// Hand on only receipts proven to be the signed receipt log's next leaves (each signature under --keys, one consistency proof a page); the proof so far is saved with the cursor. Starts at the feed's first receipt (--from-start) or from a cursor file a verifying follower saved; exits 76 at the first receipt that fails, naming its log index
     #[arg(long, requires = "keys")]
     pub verify: bool,
@@ -62,6 +65,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         wait_secs,
         exec,
         drain,
+        lag_every_secs,
         verify,
         keys,
     } = args;
@@ -84,6 +88,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         exec,
         drain,
         verify: pinned,
+        lag_every: Duration::from_secs(lag_every_secs),
         ..FollowOptions::new(cursor_file)
     };
     let stop = stop_on_signals()?;

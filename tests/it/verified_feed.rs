@@ -24,6 +24,7 @@ on_both_backends_sync!(
     a_follower_killed_mid_page_resumes_verification_from_its_saved_proof,
     a_follower_pinned_to_the_old_key_verifies_across_a_rotation,
     an_expanded_plan_is_held_to_its_receipt,
+    a_follower_says_how_far_behind_it_is,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -587,4 +588,33 @@ fn an_expanded_plan_is_held_to_its_receipt(db: TestDb) {
         "{}",
         run.stderr
     );
+}
+
+/// Each page (`--lag-every-secs 0`), the follower says how far behind the
+/// feed's end it is: verifying, the receipts the log holds beyond it (7
+/// logged, pages of 2: 5, 3, 1, then 0 at the short last page).
+fn a_follower_says_how_far_behind_it_is(db: TestDb) {
+    let logged = logged(&db);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
+    let cursor = logged.dir.path().join("lag.cursor");
+    let args = follow_args(&logged, &cursor, 2, &["--lag-every-secs", "0"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = tool(
+        &args,
+        &format!("http://{}", logged.service.addr),
+        &logged.reader,
+    )
+    .env("PLAN_INTAKE_LOG", "info")
+    .output()
+    .expect("follow");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let behind: Vec<&str> = said
+        .lines()
+        .filter_map(|line| {
+            let (_, rest) = line.split_once("following: ")?;
+            rest.split(" receipt(s)").next()
+        })
+        .collect();
+    assert_eq!(behind, ["5", "3", "1", "0", "0"], "{said}");
 }

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -49,11 +49,60 @@ pub struct FollowOptions {
     /// follower saved.
     #[cfg(feature = "verify")]
     pub verify: Option<plan_intake_wire::evidence::TrustedKeys>,
+    /// Where the follower keeps how far behind the feed's end it is, for
+    /// the caller to read while it runs.
+    pub lag: Option<std::sync::Arc<Lag>>,
+    /// How often that is told at INFO (`following: … behind the feed's end`).
+    pub lag_every: Duration,
+}
+
+/// How far behind the feed's end a follower is, as of its last page: 0
+/// once a page came back short of its limit (it read to the end), else the
+/// age of the last receipt it handed on and, when verifying, the receipts
+/// the log held beyond it.
+#[derive(Debug)]
+pub struct Lag {
+    /// `u64::MAX`: unknown.
+    receipts: AtomicU64,
+    millis: AtomicU64,
+}
+
+impl Default for Lag {
+    fn default() -> Self {
+        Self {
+            receipts: AtomicU64::new(u64::MAX),
+            millis: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Lag {
+    /// Receipts between the last one handed on and the feed's end, when
+    /// known (at the end; or verifying: the log's newest checkpoint).
+    pub fn receipts(&self) -> Option<u64> {
+        Some(self.receipts.load(Ordering::Relaxed)).filter(|&n| n != u64::MAX)
+    }
+
+    /// Seconds between the last receipt handed on and now, while behind.
+    pub fn seconds(&self) -> f64 {
+        self.millis.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    fn set(&self, receipts: Option<u64>, behind: Duration) {
+        self.receipts
+            .store(receipts.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.millis.store(
+            u64::try_from(behind.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 impl FollowOptions {
     /// How long one request waits for a receipt unless told otherwise.
     pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+    /// How often the lag is told unless told otherwise.
+    pub const DEFAULT_LAG_EVERY: Duration = Duration::from_secs(60);
 
     /// Following from the cursor kept in `cursor_file`, with the command
     /// line's defaults for everything else.
@@ -69,6 +118,8 @@ impl FollowOptions {
             retry_base: super::submit::DEFAULT_RETRY_BASE,
             #[cfg(feature = "verify")]
             verify: None,
+            lag: None,
+            lag_every: Self::DEFAULT_LAG_EVERY,
         }
     }
 }
@@ -169,11 +220,13 @@ pub fn follow(
         return Ok(done);
     };
     done.cursor_saved = saved;
+    let mut lag = LagReport::new(options);
     loop {
         let Some(page) = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait)? else {
             return Ok(done);
         };
         if page.receipts.is_empty() {
+            lag.at_end();
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain || stop.load(Ordering::SeqCst) {
                 return Ok(done);
@@ -187,6 +240,7 @@ pub fn follow(
             return Ok(done);
         }
         proof = proven;
+        lag.handed_on(&page, logged_beyond(&proof));
         done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;
         if stop.load(Ordering::SeqCst) {
             return Ok(done);
@@ -637,6 +691,96 @@ impl Run<'_> {
             }
         }
     }
+}
+
+/// Keeps [`Lag`] up to date and tells it every `lag_every`.
+struct LagReport<'a> {
+    options: &'a FollowOptions,
+    lag: std::sync::Arc<Lag>,
+    told: Option<std::time::Instant>,
+}
+
+impl<'a> LagReport<'a> {
+    fn new(options: &'a FollowOptions) -> Self {
+        Self {
+            options,
+            lag: options.lag.clone().unwrap_or_default(),
+            told: None,
+        }
+    }
+
+    /// An empty page: the follower stands at the feed's end.
+    fn at_end(&mut self) {
+        self.lag.set(Some(0), Duration::ZERO);
+        self.tell();
+    }
+
+    /// A page handed on; `logged_beyond`: receipts the log held past it.
+    fn handed_on(&mut self, page: &Page, logged_beyond: Option<u64>) {
+        if page.receipts.len() < self.options.limit as usize {
+            // Short of its limit: the page reached the feed's end.
+            self.lag.set(Some(0), Duration::ZERO);
+        } else {
+            let age = page
+                .receipts
+                .last()
+                .and_then(|entry| received_at(entry))
+                .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
+                .unwrap_or_default();
+            self.lag.set(logged_beyond, age);
+        }
+        self.tell();
+    }
+
+    fn tell(&mut self) {
+        if self
+            .told
+            .is_some_and(|told| told.elapsed() < self.options.lag_every)
+        {
+            return;
+        }
+        self.told = Some(std::time::Instant::now());
+        let seconds = self.lag.seconds();
+        match self.lag.receipts() {
+            Some(receipts) => tracing::info!(
+                receipts_behind = receipts,
+                seconds_behind = seconds,
+                "following: {receipts} receipt(s) and {seconds:.1} s behind the feed's end"
+            ),
+            None => tracing::info!(
+                seconds_behind = seconds,
+                "following: {seconds:.1} s behind the feed's end"
+            ),
+        }
+    }
+}
+
+/// When the receipt in `entry` (or the receipt of an expanded plan) was
+/// received.
+fn received_at(entry: &RawValue) -> Option<std::time::SystemTime> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        received_at: Option<String>,
+        receipt: Option<Received>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Received {
+        received_at: String,
+    }
+    let entry: Entry = serde_json::from_str(entry.get()).ok()?;
+    let text = entry.received_at.or(entry.receipt.map(|r| r.received_at))?;
+    humantime::parse_rfc3339(&text).ok()
+}
+
+/// Receipts the log held past the last one handed on (verifying only).
+#[cfg(feature = "verify")]
+fn logged_beyond(proof: &Proof) -> Option<u64> {
+    let proof = proof.as_ref()?;
+    Some(proof.logged()?.saturating_sub(proof.size))
+}
+#[cfg(not(feature = "verify"))]
+fn logged_beyond(_proof: &Proof) -> Option<u64> {
+    None
 }
 
 /// What a verifying follower proved so far, saved after each cursor

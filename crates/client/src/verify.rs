@@ -129,6 +129,12 @@ impl Extended {
 }
 
 impl Verified {
+    /// The size of the last checkpoint met: how many receipts the log held
+    /// then.
+    pub fn logged(&self) -> Option<u64> {
+        self.checkpoint.as_ref().map(|(size, _, _)| *size)
+    }
+
     /// The tree's root (`None` for the empty tree).
     fn root(&self) -> Option<Hash> {
         let mut hashes = self.edge.iter().rev();
