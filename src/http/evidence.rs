@@ -124,6 +124,60 @@ pub async fn extension(
     Ok(HttpResponse::Ok().json(extension))
 }
 
+#[utoipa::path(get, path = "/v1/log/checkpoint", tag = "evidence",
+    responses(
+        (status = 200, description = "The newest checkpoint, as C2SP tlog-tiles serves it (the same note as `GET /v1/checkpoint`)", body = String, content_type = "text/plain"),
+        (status = 404, description = "No checkpoint signed yet (`not-logged-yet`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn log_checkpoint(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let answer = checkpoint(req, state).await?;
+    Ok(with_cache(answer, "no-cache"))
+}
+
+#[utoipa::path(get, path = "/v1/log/tile/{tile}", tag = "evidence",
+    params(("tile" = String, Path, description = "C2SP tlog-tiles: `<L>/<N>[.p/<W>]` (a hash tile of level L, height 8) or `entries/<N>[.p/<W>]` (an entry bundle: each leaf, a receipt's signed form, after its length as 16 big-endian bits); N in groups of three digits, all but the last prefixed with `x`")),
+    responses(
+        (status = 200, description = "The tile at the newest checkpoint; a full tile never changes (cached for a year, immutable)", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "No such tile in the layout, or not in the tree yet (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn log_tile(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let path = req.match_info().query("tile");
+    let tile = crate::intake::receipt_log::TileRequest::parse(&format!("tile/{path}"))
+        .ok_or(ApiError::NotFound)?;
+    let deadline = super::deadline::of(&req, &state);
+    let data = state
+        .blocking(deadline, move |intake| intake.log_tile(tile, &deadline))
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let answer = HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .body(data);
+    Ok(with_cache(
+        answer,
+        if tile.is_full() {
+            "public, max-age=31536000, immutable"
+        } else {
+            "no-cache"
+        },
+    ))
+}
+
+fn with_cache(mut answer: HttpResponse, rule: &'static str) -> HttpResponse {
+    answer.headers_mut().insert(
+        actix_web::http::header::CACHE_CONTROL,
+        actix_web::http::header::HeaderValue::from_static(rule),
+    );
+    answer
+}
+
 #[utoipa::path(get, path = "/v1/receipts/{receipt_id}/proof", tag = "evidence",
     params(("receipt_id" = String, Path, description = "The receipt id")),
     security(("bearer" = [])),

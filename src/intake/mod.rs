@@ -573,6 +573,54 @@ impl Intake {
         }
     }
 
+    /// A C2SP `tlog-tiles` resource of the log at its newest checkpoint:
+    /// a hash tile, or an entry bundle (each leaf recomputed from its
+    /// plan's row, as the appender made it). `None` beyond the tree.
+    /// Answered once the synchronous standby has the checkpoint.
+    pub fn log_tile(
+        &self,
+        tile: receipt_log::TileRequest,
+        deadline: &Deadline,
+    ) -> Result<Option<Vec<u8>>, ReadError> {
+        use crate::storage::receipt_log::{ProofError, hash_tile, logged_receipts};
+        let corrupt = |e: String| ReadError::Corrupt(e.into());
+        let mut answer = None;
+        self.db.read(deadline, |conn| {
+            answer = Some(match tile {
+                receipt_log::TileRequest::Hashes {
+                    level,
+                    index,
+                    width,
+                } => hash_tile(conn, level, index, width).map(|data| data.map(Ok)),
+                receipt_log::TileRequest::Entries { index, width } => {
+                    logged_receipts(conn, index.saturating_mul(256), width).map(|rows| {
+                        rows.map(|rows| {
+                            let leaves = rows
+                                .iter()
+                                .map(|row| {
+                                    let row = row.as_ref().ok_or("a logged plan is gone")?;
+                                    let receipt =
+                                        <Receipt as receipt::ReceiptOfRow>::from_row(row, None)
+                                            .map_err(|e| e.to_string())?;
+                                    signing::signed_form(&receipt).map_err(|e| e.to_string())
+                                })
+                                .collect::<Result<Vec<_>, String>>()?;
+                            receipt_log::entry_bundle(&leaves)
+                        })
+                    })
+                }
+            });
+            Ok(())
+        })?;
+        match answer {
+            Some(Ok(Some(Ok(data)))) => self.replicated(Some(data), deadline),
+            Some(Ok(Some(Err(e)))) => Err(corrupt(e)),
+            Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
+            Some(Err(ProofError::Tree(e))) => Err(corrupt(e)),
+            _ => Ok(None),
+        }
+    }
+
     /// The origin of the log in the database (its newest checkpoint's
     /// first line), if it has one; read at start, not handed out.
     pub fn stored_log_origin(&self, deadline: &Deadline) -> Result<Option<String>, ReadError> {

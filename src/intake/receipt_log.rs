@@ -71,6 +71,91 @@ pub fn proof_text(index: u64, proof: &[Hash], checkpoint: &str) -> String {
 
 pub use plan_intake_wire::evidence::{CheckpointExtension, VerifiedCheckpoint, verify_checkpoint};
 
+/// Hashes (or entries) in a full tile of the log (C2SP `tlog-tiles`,
+/// height 8).
+pub const TILE_WIDTH: u32 = 256;
+
+/// A C2SP `tlog-tiles` resource of the log, its path after `/v1/log/`:
+/// `tile/<L>/<N>[.p/<W>]` (`W` hashes of level `8·L` from the
+/// `N`-th tile's start) or `tile/entries/<N>[.p/<W>]` (`W` leaves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TileRequest {
+    Hashes { level: u8, index: u64, width: u32 },
+    Entries { index: u64, width: u32 },
+}
+
+impl TileRequest {
+    /// The tile a path names; `None` for any path the layout does not have.
+    pub fn parse(path: &str) -> Option<Self> {
+        let rest = path.strip_prefix("tile/")?;
+        let (kind, rest) = rest.split_once('/')?;
+        let (index, width) = match rest.split_once(".p/") {
+            Some((index, width)) => {
+                let width: u32 = width.parse().ok().filter(|w| (1..TILE_WIDTH).contains(w))?;
+                (index, width)
+            }
+            None => (rest, TILE_WIDTH),
+        };
+        let index = parse_tile_index(index)?;
+        if kind == "entries" {
+            return Some(Self::Entries { index, width });
+        }
+        let level: u8 = kind.parse().ok().filter(|l| *l <= 63)?;
+        if kind != level.to_string() {
+            return None;
+        }
+        Some(Self::Hashes {
+            level,
+            index,
+            width,
+        })
+    }
+
+    /// A full tile never changes.
+    pub fn is_full(&self) -> bool {
+        match self {
+            Self::Hashes { width, .. } | Self::Entries { width, .. } => *width == TILE_WIDTH,
+        }
+    }
+}
+
+/// `x001/x234/067` as 1234067: groups of three digits, all but the last
+/// prefixed with `x`.
+fn parse_tile_index(text: &str) -> Option<u64> {
+    let groups: Vec<&str> = text.split('/').collect();
+    let (last, leading) = groups.split_last()?;
+    let mut index: u64 = 0;
+    for group in leading
+        .iter()
+        .map(|g| g.strip_prefix('x'))
+        .chain([Some(*last)])
+    {
+        let group = group?;
+        if group.len() != 3 || !group.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        index = index.checked_mul(1000)?.checked_add(group.parse().ok()?)?;
+    }
+    Some(index)
+}
+
+/// An entry bundle: each leaf's bytes after their length (big-endian
+/// 16 bits), as C2SP `tlog-tiles` writes them.
+pub fn entry_bundle(leaves: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+    let mut bundle = Vec::with_capacity(leaves.iter().map(|l| l.len() + 2).sum());
+    for leaf in leaves {
+        let length = u16::try_from(leaf.len()).map_err(|_| {
+            format!(
+                "a leaf of {} bytes does not fit an entry bundle",
+                leaf.len()
+            )
+        })?;
+        bundle.extend_from_slice(&length.to_be_bytes());
+        bundle.extend_from_slice(leaf);
+    }
+    Ok(bundle)
+}
+
 /// A `tlog-proof` read back: the leaf index, its inclusion proof and the
 /// checkpoint's signed note.
 pub struct ParsedProof {
@@ -623,5 +708,43 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    #[test]
+    fn tile_paths_read_as_c2sp_writes_them() {
+        let hashes = |level, index, width| TileRequest::Hashes {
+            level,
+            index,
+            width,
+        };
+        assert_eq!(TileRequest::parse("tile/0/000"), Some(hashes(0, 0, 256)));
+        assert_eq!(
+            TileRequest::parse("tile/1/x001/x234/067.p/8"),
+            Some(hashes(1, 1_234_067, 8))
+        );
+        assert_eq!(
+            TileRequest::parse("tile/entries/x001/002"),
+            Some(TileRequest::Entries {
+                index: 1002,
+                width: 256
+            })
+        );
+        for bad in [
+            "tile/0/0",
+            "tile/0/001/002",
+            "tile/00/000",
+            "tile/0/000.p/0",
+            "tile/0/000.p/256",
+            "tile/64/000",
+            "tile/entries/x1/000",
+            "checkpoint",
+            "tile/0/",
+        ] {
+            assert_eq!(TileRequest::parse(bad), None, "{bad}");
+        }
+        assert_eq!(
+            entry_bundle(&[b"ab".to_vec(), Vec::new()]).expect("bundle"),
+            b"\x00\x02ab\x00\x00"
+        );
     }
 }

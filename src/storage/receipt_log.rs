@@ -537,6 +537,69 @@ pub fn extension(
     Ok((checkpoint, proof, since_proof))
 }
 
+/// The newest checkpoint's size and what a tile of the log holds at it:
+/// the data of hash tile `Tile` (`None` beyond the tree).
+pub fn hash_tile(
+    conn: &mut DbConn,
+    level: u8,
+    index: u64,
+    width: u32,
+) -> Result<Option<Vec<u8>>, ProofError> {
+    let size = latest_checkpoint(conn)?
+        .and_then(|c| u64::try_from(c.tree_size).ok())
+        .unwrap_or(0);
+    let available = size.checked_shr(8 * u32::from(level)).unwrap_or(0);
+    let end = index
+        .checked_mul(256)
+        .and_then(|start| start.checked_add(u64::from(width)));
+    if end.is_none_or(|end| end > available) {
+        return Ok(None);
+    }
+    tlog_tiles::Tile::new(8, level, index, width, false)
+        .read_data(&StoredHashes::new(conn))
+        .map(Some)
+        .map_err(|e| ProofError::Tree(e.to_string()))
+}
+
+/// The receipts of leaves `from..from + count` in the log's order, if the
+/// newest checkpoint holds them all (`None` otherwise); a leaf whose plan
+/// is gone has no receipt.
+pub fn logged_receipts(
+    conn: &mut DbConn,
+    from: u64,
+    count: u32,
+) -> Result<Option<Vec<Option<ReceiptRow>>>, ProofError> {
+    let size = latest_checkpoint(conn)?
+        .and_then(|c| u64::try_from(c.tree_size).ok())
+        .unwrap_or(0);
+    let end = from.checked_add(u64::from(count));
+    let (Some(end), Ok(from), Ok(to)) = (
+        end,
+        i64::try_from(from),
+        i64::try_from(from + u64::from(count)),
+    ) else {
+        return Ok(None);
+    };
+    if end > size {
+        return Ok(None);
+    }
+    let ids: Vec<String> = with_conn!(conn, c => receipt_log::table
+        .filter(receipt_log::leaf_index.ge(from))
+        .filter(receipt_log::leaf_index.lt(to))
+        .order(receipt_log::leaf_index.asc())
+        .select(receipt_log::receipt_id)
+        .load(c))?;
+    let rows: Vec<ReceiptRow> = with_conn!(conn, c => plans::table
+        .filter(plans::receipt_id.eq_any(&ids))
+        .select(ReceiptRow::as_select())
+        .load(c))?;
+    let mut by_id: HashMap<String, ReceiptRow> = rows
+        .into_iter()
+        .map(|r| (r.receipt_id.clone(), r))
+        .collect();
+    Ok(Some(ids.iter().map(|id| by_id.remove(id)).collect()))
+}
+
 /// A key in `signing_keys`: `(key_id, verifier_key, first_used_at, last_used_at)`.
 pub type KeyRow = (String, String, NaiveDateTime, NaiveDateTime);
 

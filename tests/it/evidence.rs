@@ -149,7 +149,7 @@ fn audit(url: &str, keys: &Path, checkpoints: &[&Path]) -> (i32, String) {
 }
 
 /// The independent check (`tests/fixtures/rfc6962.py ARGS…`) holds.
-fn independent_check(args: &[&str]) {
+pub(crate) fn independent_check(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rfc6962.py");
     let out = Command::new("python3")
         .arg(script)

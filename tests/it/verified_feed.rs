@@ -25,6 +25,7 @@ on_both_backends_sync!(
     a_follower_pinned_to_the_old_key_verifies_across_a_rotation,
     an_expanded_plan_is_held_to_its_receipt,
     a_follower_says_how_far_behind_it_is,
+    the_log_is_served_as_c2sp_tiles,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -617,4 +618,42 @@ fn a_follower_says_how_far_behind_it_is(db: TestDb) {
         })
         .collect();
     assert_eq!(behind, ["5", "3", "1", "0", "0"], "{said}");
+}
+
+/// The log as C2SP `tlog-tiles` under `/v1/log/`, read with plain GETs by
+/// an independent implementation (`tests/fixtures/rfc6962.py tiles`): 260
+/// leaves, so a full level-0 tile, a partial one and a level-1 tile; full
+/// tiles are cached as immutable, partial ones are not, and a tile beyond
+/// the tree or outside the layout is a 404.
+fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
+    let logged = logged(&db);
+    let planner = login_via_cli(&db.url, "planner-b", "plans:submit");
+    write_plans(&logged.service, &planner, "tiled", 260 - PLANS);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, 260);
+    let base = format!("http://{}/v1/log", logged.service.addr);
+    crate::evidence::independent_check(&["tiles", &base]);
+
+    let cache = |path: &str| -> (u16, Option<String>) {
+        match client().get(&format!("{base}/{path}")).call() {
+            Ok(answer) => (
+                answer.status(),
+                answer.header("cache-control").map(str::to_owned),
+            ),
+            Err(ureq::Error::Status(status, _)) => (status, None),
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    };
+    let immutable = Some("public, max-age=31536000, immutable".to_owned());
+    assert_eq!(cache("tile/0/000"), (200, immutable.clone()));
+    assert_eq!(cache("tile/entries/000"), (200, immutable));
+    assert_eq!(cache("tile/0/001.p/4"), (200, Some("no-cache".to_owned())));
+    for missing in [
+        "tile/0/002",
+        "tile/0/001",
+        "tile/1/000",
+        "tile/0/1",
+        "tile/x/000",
+    ] {
+        assert_eq!(cache(missing).0, 404, "{missing}");
+    }
 }
