@@ -657,3 +657,72 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
         assert_eq!(cache(missing).0, 404, "{missing}");
     }
 }
+
+/// The async follower verifies by the same code: an honest run hands on
+/// every receipt; through a proxy that drops one, it stops at its index
+/// with nothing past the last verified page handed on.
+#[actix_web::test]
+async fn an_async_follower_verifies_too() {
+    use plan_intake_client::asynchronous::{AsyncClient, follow};
+    use plan_intake_client::wire::evidence::TrustedKeys;
+    use plan_intake_client::{FollowError, FollowOptions};
+
+    let db = TestDb::sqlite();
+    let logged = logged(&db);
+    let keys = TrustedKeys::parse(&std::fs::read_to_string(&logged.keys).expect("keys"))
+        .expect("pinned keys");
+    let options = |cursor: &str| FollowOptions {
+        from_start: true,
+        limit: 2,
+        wait: std::time::Duration::ZERO,
+        drain: true,
+        retry_base: std::time::Duration::from_millis(20),
+        verify: Some(keys.clone()),
+        ..FollowOptions::new(logged.dir.path().join(cursor))
+    };
+    let run = |url: String, cursor: &'static str| {
+        let options = options(cursor);
+        let reader = logged.reader.clone();
+        async move {
+            let client = AsyncClient::new(&url, &reader).expect("a client");
+            let handed = std::sync::Mutex::new(Vec::<String>::new());
+            let ended = follow(&client, &options, |page| {
+                let ids: Vec<String> = page
+                    .receipts
+                    .iter()
+                    .map(|entry| {
+                        let receipt: Value = serde_json::from_str(entry.get()).expect("json");
+                        receipt["receipt_id"].as_str().expect("an id").to_owned()
+                    })
+                    .collect();
+                handed.lock().expect("handed").extend(ids);
+                async { Ok::<(), String>(()) }
+            })
+            .await;
+            (ended, handed.into_inner().expect("handed"))
+        }
+    };
+
+    let (ended, handed) = run(format!("http://{}", logged.service.addr), "async.cursor").await;
+    assert!(ended.is_ok(), "{ended:?}");
+    assert_eq!(handed, logged.ids);
+
+    let ids = Arc::new(logged.ids.clone());
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(move |target: &str, body: Vec<u8>| {
+            if target.starts_with("/v1/receipts?") {
+                tampered(body, Tampering::Drop(3), &ids)
+            } else {
+                body
+            }
+        }),
+    );
+    let (ended, handed) = run(proxy.url.clone(), "async-dropped.cursor").await;
+    match ended {
+        Err(FollowError::Unverified(why)) => assert!(why.contains("log index 3"), "{why}"),
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(handed, logged.ids[..3]);
+}

@@ -39,8 +39,11 @@ use std::time::Duration;
 
 use plan_intake_wire::feed::FeedCursor;
 
+#[cfg(feature = "verify")]
+use super::follow::{ExtensionVerdict, extension_query, judge_extension, no_proof};
 use super::follow::{
-    PageVerdict, Start, backoff_of, check_options, feed_query, judge_page, retry_wait, start_of,
+    PageVerdict, Proof, Start, backoff_of, check_options, feed_query, fresh_proof, judge_page,
+    lines_of_proof, proof_of_saved, refuse_end_when_verifying, retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -109,6 +112,87 @@ impl AsyncClient {
         }
     }
 
+    /// Without `verify`: every page passes.
+    #[cfg(not(feature = "verify"))]
+    async fn prove(
+        &self,
+        _options: &FollowOptions,
+        _backoff: &super::Backoff,
+        proof: &Proof,
+        _page: &Page,
+    ) -> Result<Proof, FollowError> {
+        Ok(*proof)
+    }
+
+    /// With `verify`: the page proven to be the log's next leaves, as the
+    /// blocking follower proves it (`crate::verify`), its requests awaited.
+    #[cfg(feature = "verify")]
+    async fn prove(
+        &self,
+        options: &FollowOptions,
+        backoff: &super::Backoff,
+        proof: &Proof,
+        page: &Page,
+    ) -> Result<Proof, FollowError> {
+        use crate::verify::Verified;
+        let Some(keys) = &options.verify else {
+            return Ok(None);
+        };
+        let Some(verified) = proof else {
+            return Err(no_proof());
+        };
+        let extended = verified
+            .extend(keys, &page.receipts, options.expand)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        let size = extended.size();
+        let query = format!(
+            "{}{}",
+            self.base,
+            extension_query(size, &extended.since_query())
+        );
+        let mut failures = 0u32;
+        let answer = loop {
+            failures += 1;
+            let exchange = Exchange::from_reqwest(self.get(&query).await).await;
+            match judge_extension(exchange, size, backoff, failures)? {
+                ExtensionVerdict::Answer(answer) => break answer,
+                ExtensionVerdict::Wait(delay) => tokio::time::sleep(delay).await,
+            }
+        };
+        match Verified::prove(&extended, &answer, keys) {
+            Ok(proven) => Ok(Some(proven)),
+            Err(refused) if refused.locatable => {
+                let mut locator = extended.locator(keys);
+                while let Some(size) = locator.next_size() {
+                    let query = format!("{}{}", self.base, extension_query(size, ""));
+                    let answer = match self.get(&query).await {
+                        Ok(response) if response.status() == 200 => response
+                            .text()
+                            .await
+                            .ok()
+                            .and_then(|text| serde_json::from_str(&text).ok()),
+                        _ => None,
+                    };
+                    if !answer.is_some_and(|answer| locator.answered(&answer)) {
+                        return Err(FollowError::Unverified(refused.message));
+                    }
+                }
+                Err(FollowError::Unverified(locator.found()))
+            }
+            Err(refused) => Err(FollowError::Unverified(refused.message)),
+        }
+    }
+
+    /// A GET of `url` (public evidence: no token needed, none sent).
+    #[cfg(feature = "verify")]
+    async fn get(&self, url: &str) -> Result<reqwest::Response, reqwest::Error> {
+        self.http
+            .get(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+    }
+
     /// One feed page past `after`, retried as the blocking follower does
     /// until the service answers it.
     async fn fetch(
@@ -165,25 +249,19 @@ where
             "exec runs a command per page in the blocking follower; the async one hands each page to its handler".to_owned(),
         ));
     }
-    #[cfg(feature = "verify")]
-    if options.verify.is_some() {
-        return Err(FollowError::Options(
-            "verify belongs to the blocking follower for now; the async one does not verify"
-                .to_owned(),
-        ));
-    }
     let backoff = backoff_of(options);
     let mut done = Followed::default();
-    let mut cursor = match start_of(options)? {
-        Start::Saved(cursor, _) => Some(cursor),
-        Start::First => None,
+    let (mut cursor, mut proof) = match start_of(options)? {
+        Start::Saved(cursor, rest) => (Some(cursor), proof_of_saved(options, &rest)?),
+        Start::First => (None, fresh_proof(options)),
         Start::AtEnd => {
+            refuse_end_when_verifying(options)?;
             let end = client
                 .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
                 .await?;
             let mut cursor = None;
             done.passed_empty(options, &mut cursor, end.next, "")?;
-            cursor
+            (cursor, fresh_proof(options))
         }
     };
     loop {
@@ -195,12 +273,13 @@ where
             )
             .await?;
         if page.receipts.is_empty() {
-            done.passed_empty(options, &mut cursor, page.next, "")?;
+            done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain {
                 return Ok(done);
             }
             continue;
         }
+        let proven = client.prove(options, &backoff, &proof, &page).await?;
         let mut failures = 0u32;
         while let Err(why) = handle(page.clone()).await {
             failures += 1;
@@ -213,7 +292,8 @@ where
             );
             tokio::time::sleep(delay).await;
         }
-        done.handed_on(options, &mut cursor, page, "")?;
+        proof = proven;
+        done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;
     }
 }
 

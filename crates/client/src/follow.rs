@@ -501,17 +501,12 @@ impl Run<'_> {
             return Ok(Some(None));
         };
         let Some(verified) = proof else {
-            return Err(FollowError::Unverified(
-                "no proof to go on from: a verifying follower starts at the feed's first receipt or from a cursor it saved".to_owned(),
-            ));
+            return Err(no_proof());
         };
         let extended = verified
             .extend(keys, &page.receipts, self.options.expand)
             .map_err(|e| FollowError::Unverified(e.message))?;
-        let since = extended
-            .since()
-            .map(|since| format!("&since={since}"))
-            .unwrap_or_default();
+        let since = extended.since_query();
         let Some(answer) = self.extension(extended.size(), &since)? else {
             return Ok(None);
         };
@@ -519,7 +514,7 @@ impl Run<'_> {
             Ok(proven) => Ok(Some(Some(proven))),
             Err(refused) if refused.locatable => {
                 let located = extended.locate(keys, |size| {
-                    let query = format!("/v1/checkpoint/extension?size={size}");
+                    let query = extension_query(size, "");
                     match self.get_unless_stopped(&query, Duration::ZERO)? {
                         Exchange::Answer(answer) if answer.status == 200 => {
                             serde_json::from_str(&answer.body).ok()
@@ -542,46 +537,17 @@ impl Run<'_> {
         size: u64,
         since: &str,
     ) -> Result<Option<plan_intake_wire::evidence::CheckpointExtension>, FollowError> {
-        let query = format!("/v1/checkpoint/extension?size={size}{since}");
+        let query = extension_query(size, since);
         let mut failures = 0u32;
         loop {
             let Some(exchange) = self.get_unless_stopped(&query, Duration::ZERO) else {
                 return Ok(None);
             };
-            let delay = match exchange {
-                Exchange::Answer(answer) if answer.status == 200 => {
-                    return serde_json::from_str(&answer.body).map(Some).map_err(|e| {
-                        FollowError::Unverified(format!(
-                            "log index {size}: the service's checkpoint answer is not one: {e}"
-                        ))
-                    });
-                }
-                // The log trails the feed by a second or so: not a failure.
-                Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => {
-                    failures += 1;
-                    self.backoff.delay(failures.min(3), answer.retry_after)
-                }
-                Exchange::Answer(answer) if matches!(answer.status, 408 | 429 | 500..=599) => {
-                    failures += 1;
-                    retry_wait(
-                        &self.backoff,
-                        failures,
-                        &answer.summary(),
-                        answer.retry_after,
-                    )
-                }
-                Exchange::NoAnswer(why) => {
-                    failures += 1;
-                    retry_wait(&self.backoff, failures, &format!("no answer: {why}"), None)
-                }
-                Exchange::Unreachable(why) => {
-                    return Err(FollowError::Unexpected(format!(
-                        "cannot reach the service: {why}"
-                    )));
-                }
-                Exchange::Answer(answer) => {
-                    return Err(FollowError::Unexpected(answer.summary()));
-                }
+            failures += 1;
+            let delay = match judge_extension(exchange, size, &self.backoff, failures) {
+                Ok(ExtensionVerdict::Answer(answer)) => return Ok(Some(answer)),
+                Ok(ExtensionVerdict::Wait(delay)) => delay,
+                Err(error) => return Err(error),
             };
             if pause_unless_stopped(self.stop, delay) {
                 return Ok(None);
@@ -691,6 +657,72 @@ impl Run<'_> {
             }
         }
     }
+}
+
+/// The request for the newest checkpoint and its proofs from `size`
+/// leaves (and `since`: `&since=P`, or empty).
+#[cfg(feature = "verify")]
+pub(crate) fn extension_query(size: u64, since: &str) -> String {
+    format!("/v1/checkpoint/extension?size={size}{since}")
+}
+
+/// What one checkpoint-extension exchange means.
+#[cfg(feature = "verify")]
+pub(crate) enum ExtensionVerdict {
+    Answer(plan_intake_wire::evidence::CheckpointExtension),
+    /// Ask again after this long.
+    Wait(Duration),
+}
+
+/// The rules for a checkpoint-extension answer, both APIs': the answer;
+/// a wait (quietly while the log has not taken the page yet, which it
+/// does within a second or so; told at WARN for a failure); or the end.
+#[cfg(feature = "verify")]
+pub(crate) fn judge_extension(
+    exchange: Exchange,
+    size: u64,
+    backoff: &Backoff,
+    failures: u32,
+) -> Result<ExtensionVerdict, FollowError> {
+    match exchange {
+        Exchange::Answer(answer) if answer.status == 200 => serde_json::from_str(&answer.body)
+            .map(ExtensionVerdict::Answer)
+            .map_err(|e| {
+                FollowError::Unverified(format!(
+                    "log index {size}: the service's checkpoint answer is not one: {e}"
+                ))
+            }),
+        Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => Ok(
+            ExtensionVerdict::Wait(backoff.delay(failures.min(3), answer.retry_after)),
+        ),
+        Exchange::Answer(answer) if matches!(answer.status, 408 | 429 | 500..=599) => {
+            Ok(ExtensionVerdict::Wait(retry_wait(
+                backoff,
+                failures,
+                &answer.summary(),
+                answer.retry_after,
+            )))
+        }
+        Exchange::NoAnswer(why) => Ok(ExtensionVerdict::Wait(retry_wait(
+            backoff,
+            failures,
+            &format!("no answer: {why}"),
+            None,
+        ))),
+        Exchange::Unreachable(why) => Err(FollowError::Unexpected(format!(
+            "cannot reach the service: {why}"
+        ))),
+        Exchange::Answer(answer) => Err(FollowError::Unexpected(answer.summary())),
+    }
+}
+
+/// A verifying follower with nothing proven to go on from (a bug: it
+/// starts at the feed's first receipt or from a cursor it saved).
+#[cfg(feature = "verify")]
+pub(crate) fn no_proof() -> FollowError {
+    FollowError::Unverified(
+        "no proof to go on from: a verifying follower starts at the feed's first receipt or from a cursor it saved".to_owned(),
+    )
 }
 
 /// Keeps [`Lag`] up to date and tells it every `lag_every`.
@@ -808,21 +840,21 @@ pub(crate) fn lines_of_proof(_proof: &Proof) -> String {
 /// The proof at the feed's first receipt: none yet, an empty tree when
 /// verifying.
 #[cfg(feature = "verify")]
-fn fresh_proof(options: &FollowOptions) -> Proof {
+pub(crate) fn fresh_proof(options: &FollowOptions) -> Proof {
     options
         .verify
         .as_ref()
         .map(|_| crate::verify::Verified::default())
 }
 #[cfg(not(feature = "verify"))]
-fn fresh_proof(_options: &FollowOptions) -> Proof {
+pub(crate) fn fresh_proof(_options: &FollowOptions) -> Proof {
     NoProof
 }
 
 /// The proof a saved cursor carries: a verifying follower needs it (a
 /// cursor saved without one cannot be verified from).
 #[cfg(feature = "verify")]
-fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proof, FollowError> {
+pub(crate) fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proof, FollowError> {
     if options.verify.is_none() {
         return Ok(None);
     }
@@ -839,13 +871,13 @@ fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proof, FollowEr
     }
 }
 #[cfg(not(feature = "verify"))]
-fn proof_of_saved(_options: &FollowOptions, _rest: &str) -> Result<Proof, FollowError> {
+pub(crate) fn proof_of_saved(_options: &FollowOptions, _rest: &str) -> Result<Proof, FollowError> {
     Ok(NoProof)
 }
 
 /// A verifying follower starts at the feed's first receipt: from its end
 /// it would have to trust the tree before it.
-fn refuse_end_when_verifying(options: &FollowOptions) -> Result<(), FollowError> {
+pub(crate) fn refuse_end_when_verifying(options: &FollowOptions) -> Result<(), FollowError> {
     #[cfg(feature = "verify")]
     if options.verify.is_some() {
         return Err(FollowError::Options(format!(

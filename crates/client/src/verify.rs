@@ -78,6 +78,13 @@ impl Extended {
         self.before.checkpoint.as_ref().map(|(size, _, _)| *size)
     }
 
+    /// `&since=P` for the extension request, or nothing.
+    pub(crate) fn since_query(&self) -> String {
+        self.since()
+            .map(|since| format!("&since={since}"))
+            .unwrap_or_default()
+    }
+
     /// The root of the tree of the first `size` leaves of this page's
     /// tree (from the state before the page and its leaves).
     fn root_at(&self, size: u64) -> Option<Hash> {
@@ -100,31 +107,81 @@ impl Extended {
         keys: &TrustedKeys,
         mut ask: impl FnMut(u64) -> Option<CheckpointExtension>,
     ) -> Option<String> {
-        // Prefixes up to `good` leaves are the log's; up to `bad`, not.
-        let (mut good, mut bad) = (self.before.size, self.after.size);
-        let mut against = 0;
-        while bad - good > 1 {
-            let middle = good + (bad - good) / 2;
-            let answer = ask(middle)?;
-            let checkpoint = verify_checkpoint(&answer.checkpoint, keys).ok()?;
-            let proof = parse_proof(&answer.proof).ok()?;
-            let ours = self.root_at(middle)?;
-            against = checkpoint.size;
-            if prefix_holds(&proof, checkpoint.size, checkpoint.root, middle, ours).is_ok() {
-                good = middle;
-            } else {
-                bad = middle;
+        let mut locator = self.locator(keys);
+        while let Some(size) = locator.next_size() {
+            if !locator.answered(&ask(size)?) {
+                return None;
             }
         }
-        let index = bad - 1;
-        let against = if against == 0 {
+        Some(locator.found())
+    }
+
+    /// The search [`Extended::locate`] runs, one answer at a time (for a
+    /// caller that awaits its answers).
+    pub fn locator<'a>(&'a self, keys: &'a TrustedKeys) -> Locator<'a> {
+        Locator {
+            extended: self,
+            keys,
+            good: self.before.size,
+            bad: self.after.size,
+            against: 0,
+        }
+    }
+}
+
+/// A search for the first leaf of a page that is not the log's: prefixes
+/// up to `good` leaves are the log's, up to `bad` not.
+pub struct Locator<'a> {
+    extended: &'a Extended,
+    keys: &'a TrustedKeys,
+    good: u64,
+    bad: u64,
+    /// The size of the last checkpoint an answer was checked against.
+    against: u64,
+}
+
+impl Locator<'_> {
+    /// The tree size to ask about next; `None` once found.
+    pub fn next_size(&self) -> Option<u64> {
+        (self.bad - self.good > 1).then(|| self.good + (self.bad - self.good) / 2)
+    }
+
+    /// The answer for [`Locator::next_size`]; `false` if it cannot be
+    /// checked (the search ends there).
+    pub fn answered(&mut self, answer: &CheckpointExtension) -> bool {
+        let Some(middle) = self.next_size() else {
+            return false;
+        };
+        let (Ok(checkpoint), Ok(proof), Some(ours)) = (
+            verify_checkpoint(&answer.checkpoint, self.keys),
+            parse_proof(&answer.proof),
+            self.extended.root_at(middle),
+        ) else {
+            return false;
+        };
+        self.against = checkpoint.size;
+        if prefix_holds(&proof, checkpoint.size, checkpoint.root, middle, ours).is_ok() {
+            self.good = middle;
+        } else {
+            self.bad = middle;
+        }
+        true
+    }
+
+    /// The line naming the leaf found.
+    pub fn found(&self) -> String {
+        let index = self.bad - 1;
+        let against = if self.against == 0 {
             String::new()
         } else {
-            format!(" (consistency with the checkpoint of {against} leaves)")
+            format!(
+                " (consistency with the checkpoint of {} leaves)",
+                self.against
+            )
         };
-        Some(format!(
+        format!(
             "log index {index}: the receipt handed there is not the log's leaf {index}{against}; every receipt before it was verified"
-        ))
+        )
     }
 }
 
