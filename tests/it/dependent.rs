@@ -9,7 +9,9 @@ fn a_crate_that_adds_the_client_keeps_its_own_serde_behaviour() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["test", "--quiet", "--manifest-path"])
+        // Its lockfile as committed: a client that needs a dependency the
+        // lockfile lacks fails here, not by rewriting a tracked file.
+        .args(["test", "--quiet", "--locked", "--manifest-path"])
         .arg(root.join("tests/dependent/Cargo.toml"))
         .env("CARGO_TARGET_DIR", root.join("target/dependent-check"))
         // Built as a planner builds it, not with this workspace's checks.

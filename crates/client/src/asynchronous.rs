@@ -42,8 +42,8 @@ use plan_intake_wire::feed::FeedCursor;
 #[cfg(feature = "verify")]
 use super::follow::{ExtensionVerdict, extension_query, judge_extension, no_proof};
 use super::follow::{
-    PageVerdict, Proof, Start, backoff_of, check_options, feed_query, fresh_proof, judge_page,
-    lines_of_proof, proof_of_saved, refuse_end_when_verifying, retry_wait, start_of,
+    PageVerdict, Proof, Start, backoff_of, check_options, feed_query, fresh_proof, handed_again,
+    judge_page, lines_of_proof, proof_of_saved, refuse_end_when_verifying, retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -76,6 +76,9 @@ impl AsyncClient {
         let (base, authorization) = base_and_authorization(base_url, token)?;
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            // As the blocking client: no proxy from the environment (the
+            // token goes where the URL says, and nowhere else).
+            .no_proxy()
             .build()
             .map_err(|_| ClientError::BadUrl(base_url.into()))?;
         Ok(Self {
@@ -283,14 +286,8 @@ where
         let mut failures = 0u32;
         while let Err(why) = handle(page.clone()).await {
             failures += 1;
-            let delay = backoff.delay(failures, None);
-            tracing::warn!(
-                failures,
-                receipts = page.receipts.len(),
-                "the page's handler failed: {why}; the page is handed to it again in {} ms",
-                delay.as_millis()
-            );
-            tokio::time::sleep(delay).await;
+            let why = format!("the page's handler failed: {why}");
+            tokio::time::sleep(handed_again(&backoff, failures, page.receipts.len(), &why)).await;
         }
         proof = proven;
         done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;

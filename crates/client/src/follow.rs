@@ -50,7 +50,8 @@ pub struct FollowOptions {
     #[cfg(feature = "verify")]
     pub verify: Option<plan_intake_wire::evidence::TrustedKeys>,
     /// Where the follower keeps how far behind the feed's end it is, for
-    /// the caller to read while it runs.
+    /// the caller to read while it runs (the blocking follower; the async
+    /// one keeps none yet).
     pub lag: Option<std::sync::Arc<Lag>>,
     /// How often that is told at INFO (`following: … behind the feed's end`).
     pub lag_every: Duration,
@@ -645,13 +646,7 @@ impl Run<'_> {
                 }
             };
             failures += 1;
-            let delay = self.backoff.delay(failures, None);
-            tracing::warn!(
-                failures,
-                receipts = entries.len(),
-                "{why}; the page is handed to it again in {} ms",
-                delay.as_millis()
-            );
+            let delay = handed_again(&self.backoff, failures, entries.len(), &why);
             if pause_unless_stopped(self.stop, delay) {
                 return Ok(false);
             }
@@ -889,11 +884,32 @@ pub(crate) fn refuse_end_when_verifying(options: &FollowOptions) -> Result<(), F
     Ok(())
 }
 
+/// The wait before a page whose handling failed (`why`) is handed on
+/// again, both APIs': backoff without end, told at WARN.
+pub(crate) fn handed_again(
+    backoff: &Backoff,
+    failures: u32,
+    receipts: usize,
+    why: &str,
+) -> Duration {
+    let delay = backoff.delay(failures, None);
+    tracing::warn!(
+        failures,
+        receipts,
+        "{why}; the page is handed to it again in {} ms",
+        delay.as_millis()
+    );
+    delay
+}
+
 /// How often a wait looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// Sleeps `delay`; `true` (early) when asked to stop.
 fn pause_unless_stopped(stop: &AtomicBool, delay: Duration) -> bool {
+    // A `Retry-After` of centuries waits as long as a day would (and
+    // cannot overflow the clock).
+    let delay = delay.min(Duration::from_secs(24 * 3600));
     let until = std::time::Instant::now() + delay;
     loop {
         if stop.load(Ordering::SeqCst) {

@@ -263,7 +263,10 @@ impl Attempts {
                 cap: MAX_RETRY_DELAY,
             },
             started,
-            deadline: started + options.timeout,
+            // `Duration::MAX` is "no bound", not an overflow.
+            deadline: started
+                .checked_add(options.timeout)
+                .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600)),
             max_attempts: options.max_attempts,
             server_errors: 0,
             attempt: 0,
@@ -308,7 +311,10 @@ impl Attempts {
         // asked for longer (`Retry-After`) or too little is left for an
         // attempt.
         let left = self.deadline.saturating_duration_since(Instant::now());
-        let asked_longer = retry_after.is_some_and(|asked| asked >= left);
+        // Never sooner than the service asked: a wait cut to fit the
+        // deadline must still be at least its `Retry-After`.
+        let asked_longer =
+            retry_after.is_some_and(|asked| asked >= left.saturating_sub(LAST_ATTEMPT));
         if asked_longer || left <= LAST_ATTEMPT {
             return gave_up(RanOut::Time { next_wait: wait }, why);
         }
@@ -399,5 +405,53 @@ mod tests {
         // A body the service refuses gets the hash of its bytes.
         assert_ne!(derive_key(b"not json"), derive_key(b"not json "));
         assert!(a.len() <= 255 && a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+    }
+
+    fn busy(retry_after: Duration) -> Exchange {
+        Exchange::Answer(crate::Answer {
+            status: 503,
+            retry_after: Some(retry_after),
+            body: String::new(),
+        })
+    }
+
+    /// No bound on time (`Duration::MAX`) is no bound, not an overflow.
+    #[test]
+    fn an_unbounded_timeout_waits_as_asked() {
+        let options = SubmitOptions {
+            timeout: Duration::MAX,
+            ..SubmitOptions::default()
+        };
+        let mut attempts = Attempts::new(b"{}", &options);
+        attempts.begin();
+        match attempts.answered(busy(Duration::from_secs(3))) {
+            Next::Wait(wait) => assert!(wait >= Duration::from_secs(3), "{wait:?}"),
+            Next::Finished(result) => panic!("gave up: {result:?}"),
+        }
+    }
+
+    /// With less time left than `Retry-After` (once the last attempt's
+    /// own time is kept), it gives up rather than retry sooner than asked.
+    #[test]
+    fn a_retry_is_never_sooner_than_retry_after() {
+        let options = SubmitOptions {
+            timeout: Duration::from_millis(1150),
+            ..SubmitOptions::default()
+        };
+        let mut attempts = Attempts::new(b"{}", &options);
+        attempts.begin();
+        match attempts.answered(busy(Duration::from_secs(1))) {
+            Next::Wait(wait) => panic!("retried after {wait:?}, sooner than asked"),
+            Next::Finished(result) => assert!(
+                matches!(
+                    *result,
+                    Err(SubmitError::GaveUp {
+                        ran_out: RanOut::Time { .. },
+                        ..
+                    })
+                ),
+                "{result:?}"
+            ),
+        }
     }
 }
