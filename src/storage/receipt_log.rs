@@ -183,6 +183,10 @@ pub fn append(
         let Some((last_xid, last_row)) = rows.last().map(|(xid, row)| (*xid, row.id)) else {
             return Ok(Some(Appended::nothing(state.tree_size)));
         };
+        #[cfg(feature = "test-seams")]
+        if holds_round(from + rows.len() as u64) {
+            return Ok(Some(Appended::nothing(state.tree_size)));
+        }
         let last_checkpoint = latest_checkpoint(conn)?;
         let tree = StoredHashes::new(conn);
         let mut leaves = Vec::with_capacity(rows.len());
@@ -642,6 +646,17 @@ pub fn signing_keys(conn: &mut DbConn) -> QueryResult<Vec<KeyRow>> {
             signing_keys::last_used_at,
         ))
         .load(c))
+}
+
+/// Test seam: with `PLAN_INTAKE_TEST_APPEND_FROM=N`, a round that would
+/// reach fewer than N leaves appends nothing (so that plans a test writes
+/// one after another join one round, whatever the machine's speed).
+#[cfg(feature = "test-seams")]
+fn holds_round(size: u64) -> bool {
+    std::env::var("PLAN_INTAKE_TEST_APPEND_FROM")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .is_some_and(|n| size < n)
 }
 
 /// Test seam: with `PLAN_INTAKE_TEST_STALL_APPEND=N`, an append that

@@ -671,9 +671,18 @@ fn audit_names_an_unsigned_edit_and_receipts_the_log_passed(db: TestDb) {
     let keys = signing_keys_file(&service.addr, dir.path());
     service.terminate();
 
-    // Two more plans, signed, whose round is held before its COMMIT and
-    // killed there: neither is logged.
-    let stalled = serve_stalling_at(&db.url, &key, 3);
+    // Two more plans, signed, whose round (one: none runs before both are
+    // in, or on SQLite the stalled round would hold the second's write) is
+    // held before its COMMIT and killed there: neither is logged.
+    let stalled = ServeProcess::start_env(
+        &db.url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(&key)],
+        &[
+            ("PLAN_INTAKE_TEST_STALL_APPEND", "3"),
+            ("PLAN_INTAKE_TEST_APPEND_FROM", "4"),
+        ],
+    );
     let held = submit(&stalled.addr, &token, "held", 2);
     stalled.await_said("written, not committed");
     stalled.kill_9();
