@@ -26,6 +26,7 @@ on_both_backends_sync!(
     an_expanded_plan_is_held_to_its_receipt,
     a_follower_says_how_far_behind_it_is,
     the_log_is_served_as_c2sp_tiles,
+    an_empty_page_moving_the_cursor_ahead_skips_nothing,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -294,6 +295,37 @@ fn each_tampering_is_named_and_nothing_past_it_is_saved(db: TestDb) {
     );
     let run = follow_verified(&proxy.url, &logged, "jumped.cursor", 2);
     refused_at(&run, 2, 2, &logged.ids);
+}
+
+/// An empty page whose `next` jumps ahead (a proxy answering the first
+/// request so) moves a verifying follower nowhere: it saves nothing and
+/// asks again from where it stood, so nothing is skipped.
+fn an_empty_page_moving_the_cursor_ahead_skips_nothing(db: TestDb) {
+    let logged = logged(&db);
+    let cursors = page_cursors(&logged, 2);
+    let ahead = cursors[1].clone();
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(move |target: &str, body: Vec<u8>| {
+            let first = target.starts_with("/v1/receipts?")
+                && !answered.swap(true, std::sync::atomic::Ordering::SeqCst);
+            if first {
+                format!(r#"{{"receipts":[],"next":"{ahead}"}}"#).into_bytes()
+            } else {
+                body
+            }
+        }),
+    );
+    // The empty first page ends a --drain run: with nothing saved.
+    let run = follow_verified(&proxy.url, &logged, "empty.cursor", 2);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.handed.is_empty());
+    assert!(!logged.dir.path().join("empty.cursor").exists());
+    let run = follow_verified(&proxy.url, &logged, "empty.cursor", 2);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed, logged.ids, "every receipt, from the first");
 }
 
 /// The `next` of each page of `limit` receipts, read from the service.

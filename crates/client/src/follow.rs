@@ -251,7 +251,10 @@ pub fn follow(
 
 impl Followed {
     /// An empty page: its cursor is saved if it moved (the feed's end as
-    /// the service places it), so a restart starts there.
+    /// the service places it), so a restart starts there. Not when
+    /// verifying: an empty page proves nothing, and a `next` moved ahead
+    /// would skip receipts (an honest service answers an empty page with
+    /// the cursor it was sent).
     pub(crate) fn passed_empty(
         &mut self,
         options: &FollowOptions,
@@ -259,6 +262,9 @@ impl Followed {
         next: FeedCursor,
         proof: &str,
     ) -> Result<(), FollowError> {
+        if verifying(options) {
+            return Ok(());
+        }
         if cursor.as_ref() != Some(&next) {
             save_cursor(&options.cursor_file, &next, proof)?;
             self.cursor_saved = true;
@@ -868,6 +874,17 @@ pub(crate) fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proo
 #[cfg(not(feature = "verify"))]
 pub(crate) fn proof_of_saved(_options: &FollowOptions, _rest: &str) -> Result<Proof, FollowError> {
     Ok(NoProof)
+}
+
+/// Whether `options` ask for the verified feed.
+fn verifying(options: &FollowOptions) -> bool {
+    #[cfg(feature = "verify")]
+    return options.verify.is_some();
+    #[cfg(not(feature = "verify"))]
+    {
+        let _ = options;
+        false
+    }
 }
 
 /// A verifying follower starts at the feed's first receipt: from its end
