@@ -98,17 +98,43 @@ impl TileRequest {
         };
         let index = parse_tile_index(index)?;
         if kind == "entries" {
-            return Some(Self::Entries { index, width });
+            let tile = Self::Entries { index, width };
+            return (tile.path() == path).then_some(tile);
         }
         let level: u8 = kind.parse().ok().filter(|l| *l <= 63)?;
-        if kind != level.to_string() {
-            return None;
-        }
-        Some(Self::Hashes {
+        let tile = Self::Hashes {
             level,
             index,
             width,
-        })
+        };
+        // One spelling per tile (no `x000/…`, `08`, `+8`): what is cached
+        // as immutable is cached under one name.
+        (tile.path() == path).then_some(tile)
+    }
+
+    /// The tile's path, as C2SP spells it.
+    pub fn path(&self) -> String {
+        let (kind, index, width) = match self {
+            Self::Hashes {
+                level,
+                index,
+                width,
+            } => (level.to_string(), *index, *width),
+            Self::Entries { index, width } => ("entries".to_owned(), *index, *width),
+        };
+        let mut groups = vec![format!("{:03}", index % 1000)];
+        let mut rest = index / 1000;
+        while rest > 0 {
+            groups.push(format!("x{:03}", rest % 1000));
+            rest /= 1000;
+        }
+        groups.reverse();
+        let partial = if width == TILE_WIDTH {
+            String::new()
+        } else {
+            format!(".p/{width}")
+        };
+        format!("tile/{kind}/{}{partial}", groups.join("/"))
     }
 
     /// A full tile never changes.
@@ -739,6 +765,10 @@ mod tests {
             "tile/entries/x1/000",
             "checkpoint",
             "tile/0/",
+            "tile/0/x000/000",
+            "tile/0/000.p/08",
+            "tile/0/000.p/+8",
+            "tile/entries/x000/001",
         ] {
             assert_eq!(TileRequest::parse(bad), None, "{bad}");
         }

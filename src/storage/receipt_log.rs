@@ -576,17 +576,15 @@ pub fn logged_receipts(
     let size = latest_checkpoint(conn)?
         .and_then(|c| u64::try_from(c.tree_size).ok())
         .unwrap_or(0);
-    let end = from.checked_add(u64::from(count));
-    let (Some(end), Ok(from), Ok(to)) = (
-        end,
-        i64::try_from(from),
-        i64::try_from(from + u64::from(count)),
-    ) else {
+    let Some(end) = from
+        .checked_add(u64::from(count))
+        .filter(|&end| end <= size)
+    else {
         return Ok(None);
     };
-    if end > size {
+    let (Ok(from), Ok(to)) = (i64::try_from(from), i64::try_from(end)) else {
         return Ok(None);
-    }
+    };
     let ids: Vec<String> = with_conn!(conn, c => receipt_log::table
         .filter(receipt_log::leaf_index.ge(from))
         .filter(receipt_log::leaf_index.lt(to))

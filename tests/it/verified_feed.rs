@@ -27,6 +27,7 @@ on_both_backends_sync!(
     a_follower_says_how_far_behind_it_is,
     the_log_is_served_as_c2sp_tiles,
     an_empty_page_moving_the_cursor_ahead_skips_nothing,
+    receipts_withheld_by_an_empty_page_are_named,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
@@ -326,6 +327,32 @@ fn an_empty_page_moving_the_cursor_ahead_skips_nothing(db: TestDb) {
     let run = follow_verified(&proxy.url, &logged, "empty.cursor", 2);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.handed, logged.ids, "every receipt, from the first");
+}
+
+/// A feed that withholds receipts the log already holds (an empty page
+/// after the first, the checkpoint met with it holding all seven) stops a
+/// verifying follower at the first withheld index.
+fn receipts_withheld_by_an_empty_page_are_named(db: TestDb) {
+    let logged = logged(&db);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
+    let pages = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let proxy = HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(move |target: &str, body: Vec<u8>| {
+            if !target.starts_with("/v1/receipts?")
+                || pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+            {
+                return body;
+            }
+            let mut page: Value = serde_json::from_slice(&body).expect("a page");
+            page["receipts"] = Value::Array(Vec::new());
+            serde_json::to_vec(&page).expect("json")
+        }),
+    );
+    let run = follow_verified(&proxy.url, &logged, "withheld.cursor", 2);
+    refused_at(&run, 2, 2, &logged.ids);
+    assert!(run.stderr.contains("receipts withheld"), "{}", run.stderr);
 }
 
 /// The `next` of each page of `limit` receipts, read from the service.

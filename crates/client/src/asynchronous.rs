@@ -42,8 +42,9 @@ use plan_intake_wire::feed::FeedCursor;
 #[cfg(feature = "verify")]
 use super::follow::{ExtensionVerdict, extension_query, judge_extension, no_proof};
 use super::follow::{
-    PageVerdict, Proof, Start, backoff_of, check_options, feed_query, fresh_proof, handed_again,
-    judge_page, lines_of_proof, proof_of_saved, refuse_end_when_verifying, retry_wait, start_of,
+    PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query, fresh_proof,
+    handed_again, judge_page, lines_of_proof, proof_of_saved, refuse_end_when_verifying,
+    retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -276,6 +277,7 @@ where
             )
             .await?;
         if page.receipts.is_empty() {
+            check_empty(&proof)?;
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain {
                 return Ok(done);

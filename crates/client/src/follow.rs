@@ -227,6 +227,7 @@ pub fn follow(
             return Ok(done);
         };
         if page.receipts.is_empty() {
+            check_empty(&proof)?;
             lag.at_end();
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain || stop.load(Ordering::SeqCst) {
@@ -827,6 +828,22 @@ pub(crate) type Proof = NoProof;
 #[cfg(not(feature = "verify"))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct NoProof;
+
+/// An empty page is refused while a checkpoint verified before holds
+/// receipts beyond those handed on (verifying only).
+#[cfg(feature = "verify")]
+pub(crate) fn check_empty(proof: &Proof) -> Result<(), FollowError> {
+    match proof {
+        Some(proof) => proof
+            .check_empty()
+            .map_err(|e| FollowError::Unverified(e.message)),
+        None => Ok(()),
+    }
+}
+#[cfg(not(feature = "verify"))]
+pub(crate) fn check_empty(_proof: &Proof) -> Result<(), FollowError> {
+    Ok(())
+}
 
 /// The lines saved after the cursor.
 #[cfg(feature = "verify")]

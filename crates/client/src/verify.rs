@@ -281,6 +281,19 @@ impl Verified {
         Ok(state)
     }
 
+    /// An empty page after this proof: refused while a checkpoint met
+    /// before holds receipts beyond it (an honest feed gives every logged
+    /// receipt; this one withholds some, or its cursor moved).
+    pub fn check_empty(&self) -> Result<(), Unverified> {
+        match self.logged() {
+            Some(logged) if logged > self.size => Err(unverified(format!(
+                "log index {}: the feed gives no receipt after it, but a checkpoint verified before holds {logged}: receipts withheld",
+                self.size
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks each entry's signature and appends its leaf. `expand`: each
     /// entry is `{receipt, …}`.
     pub fn extend(
@@ -405,6 +418,7 @@ fn parse_proof(lines: &[String]) -> Result<Vec<Hash>, String> {
 fn receipt_of(entry: &RawValue, expand: bool) -> Result<Receipt, String> {
     if expand {
         #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
         struct Expanded<'a> {
             #[serde(borrow)]
             receipt: &'a RawValue,
