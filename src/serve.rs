@@ -230,6 +230,18 @@ pub fn run(
                 Some(file) => last_signed(file, &origin).map_err(ServeError::ReceiptLog)?,
                 None => None,
             };
+            // One log, one name: renaming a log that has checkpoints would
+            // sign one tree under two, and stop every verifying reader.
+            if let Some(stored) = intake
+                .stored_log_origin(&at_start_deadline)
+                .ok()
+                .flatten()
+                .filter(|stored| *stored != origin)
+            {
+                return Err(ServeError::ReceiptLog(format!(
+                    "the receipt log in the database is named {stored:?}, not {origin:?}: keep --log-origin {stored} (a new name belongs to a new log: new log tables and a new key)"
+                )));
+            }
             if let Some(signed) = signed {
                 intake.check_receipt_log_extends(signed).map_err(|error| {
                     ServeError::ReceiptLog(format!(

@@ -232,7 +232,7 @@ crate::on_both_backends_sync!(
 /// A new log is never signed under the shared default origin: asked for
 /// it, `serve` refuses; given none, it derives one from the signing key
 /// (`plan-intake/KEYID`) and says so; restarted with another key, the
-/// log keeps the name it has.
+/// log keeps the name it has; renaming it is refused.
 fn a_deployment_names_its_log_never_by_the_shared_default(db: TestDb) {
     let dir = tempfile::tempdir().expect("temp dir");
     let key = generate_key(dir.path(), "k1");
@@ -270,4 +270,22 @@ fn a_deployment_names_its_log_never_by_the_shared_default(db: TestDb) {
     submit(&service, &token, "again", 1);
     let note = crate::evidence::checkpoint_of_at_least(&service.addr, 2);
     assert_eq!(note.lines().next(), Some(origin.as_str()), "{note}");
+    service.terminate();
+
+    // Renamed, the log would be one tree under two names: refused.
+    let said = serve_refused(
+        &db.url,
+        &[
+            "--signing-key",
+            arg(&new_key),
+            "--log-origin",
+            "example.com/renamed",
+        ],
+    );
+    assert!(
+        said.contains(&format!(
+            "the receipt log in the database is named {origin:?}"
+        )),
+        "{said}"
+    );
 }
