@@ -694,9 +694,19 @@ pub(crate) fn judge_extension(
                     "log index {size}: the service's checkpoint answer is not one: {e}"
                 ))
             }),
-        Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => Ok(
-            ExtensionVerdict::Wait(backoff.delay(failures.min(3), answer.retry_after)),
-        ),
+        Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => {
+            let delay = backoff.delay(failures.min(3), answer.retry_after);
+            // Quiet for the usual second or so; then said, every tenth ask
+            // (a service that signs nothing never logs anything).
+            if failures.is_multiple_of(10) {
+                tracing::warn!(
+                    failures,
+                    "no signed checkpoint holds log index {} yet (is the service signing? `/readyz` says): waiting",
+                    size.saturating_sub(1)
+                );
+            }
+            Ok(ExtensionVerdict::Wait(delay))
+        }
         Exchange::Answer(answer) if matches!(answer.status, 408 | 429 | 500..=599) => {
             Ok(ExtensionVerdict::Wait(retry_wait(
                 backoff,
