@@ -142,7 +142,7 @@ pub async fn log_checkpoint(
     params(("tile" = String, Path, description = "C2SP tlog-tiles: `<L>/<N>[.p/<W>]` (a hash tile of level L, height 8) or `entries/<N>[.p/<W>]` (an entry bundle: each leaf, a receipt's signed form, after its length as 16 big-endian bits); N in groups of three digits, all but the last prefixed with `x`")),
     responses(
         (status = 200, description = "The tile at the newest checkpoint; a full tile never changes (cached for a year, immutable)", body = Vec<u8>, content_type = "application/octet-stream"),
-        (status = 404, description = "No such tile in the layout, or not in the tree yet (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such tile in the layout (`not-found`), or no signed checkpoint holds it yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn log_tile(
@@ -156,7 +156,9 @@ pub async fn log_tile(
     let data = state
         .blocking(deadline, move |intake| intake.log_tile(tile, &deadline))
         .await?
-        .ok_or(ApiError::NotFound)?;
+        .ok_or(ApiError::NotLoggedYet(
+            "no signed checkpoint holds that tile yet",
+        ))?;
     let answer = HttpResponse::Ok()
         .content_type("application/octet-stream")
         .body(data);

@@ -225,6 +225,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "get",
         &["200", "400", "404", "503"],
     ),
+    ("/v1/log/checkpoint", "get", &["200", "404", "503"]),
+    ("/v1/log/tile/{tile}", "get", &["200", "404", "503"]),
     ("/healthz", "get", &["200"]),
     ("/readyz", "get", &["200", "503"]),
     ("/metrics", "get", &["200"]),
@@ -380,7 +382,10 @@ async fn the_openapi_document_covers_every_route_status_and_header() {
             "post" => TestRequest::post(),
             _ => TestRequest::get(),
         };
-        let served = send(&service, probe.uri(&path.replace("{receipt_id}", "rcpt_x"))).await;
+        let path = path
+            .replace("{receipt_id}", "rcpt_x")
+            .replace("{tile}", "0/000");
+        let served = send(&service, probe.uri(&path)).await;
         // Unauthenticated, a served route answers 401 (or its own answer), never the fallback 404.
         assert!(
             served.body["type"]
