@@ -329,6 +329,10 @@ const APPEND_EVERY: Duration = Duration::from_secs(1);
 const APPEND_LIMIT: i64 = 5_000;
 /// Between two rounds of a log that is behind: room for the plans' writes.
 const APPEND_BREATHER: Duration = Duration::from_millis(20);
+/// The shortest pause between two rounds a reader waiting for a checkpoint
+/// asked for: under load, at most ten checkpoints a second, each taking
+/// what settled meanwhile.
+const WANTED_ROUND_GAP: Duration = Duration::from_millis(100);
 /// How often this instance's key is recorded as in use.
 const KEY_USE_EVERY: Duration = Duration::from_secs(60);
 
@@ -359,7 +363,8 @@ fn keep_signing_key_recorded(intake: Intake) {
 const STUCK_AFTER: Duration = Duration::from_secs(30);
 
 /// Appends settled receipts to the log every second (again after a
-/// breather while it is behind), on a thread of its own: one round is one
+/// breather while it is behind, or as soon as a reader waiting for a
+/// checkpoint asks, `WANTED_ROUND_GAP` after the last), on a thread of its own: one round is one
 /// transaction, so the process may stop anywhere. Instances take turns
 /// (the state row's lock); a round that fails is logged and tried again.
 /// The thread never ends while the service runs: what it cannot get past
@@ -380,6 +385,7 @@ fn keep_receipt_log_appended(
     let told = intake.clone();
     let appender = move || {
         let mut failing_since: Option<std::time::Instant> = None;
+        let mut lag_measured: Option<std::time::Instant> = None;
         loop {
             let behind = match intake.append_receipts(&origin, limit, signed) {
                 Ok(appended) => {
@@ -392,6 +398,7 @@ fn keep_receipt_log_appended(
                             if let Some((size, root)) = appended.checkpoint {
                                 signed = Some((size, root));
                                 intake.metrics.set_receipt_log_size(size);
+                                intake.log_rounds().signed(size);
                                 if let (Some(file), Ok(Some(note))) = (
                                     checkpoint_file.as_deref(),
                                     intake.checkpoint(&Deadline::after(Duration::from_secs(10))),
@@ -416,15 +423,23 @@ fn keep_receipt_log_appended(
                     false
                 }
             };
-            match intake.receipt_log_lag(&Deadline::after(Duration::from_secs(10))) {
-                Ok(lag) => intake.metrics.set_receipt_log_lag(lag),
-                Err(error) => tracing::debug!(%error, "the receipt log's lag not measured"),
+            // Once a second, however often readers ask for rounds.
+            if lag_measured.is_none_or(|at| at.elapsed() >= APPEND_EVERY) {
+                lag_measured = Some(std::time::Instant::now());
+                match intake.receipt_log_lag(&Deadline::after(Duration::from_secs(10))) {
+                    Ok(lag) => intake.metrics.set_receipt_log_lag(lag),
+                    Err(error) => tracing::debug!(%error, "the receipt log's lag not measured"),
+                }
             }
-            std::thread::sleep(if behind {
-                APPEND_BREATHER
+            if behind {
+                std::thread::sleep(APPEND_BREATHER);
+            } else if failing_since.is_some() {
+                // Not sooner for a reader's asking: one error line a second.
+                std::thread::sleep(APPEND_EVERY);
             } else {
-                APPEND_EVERY
-            });
+                std::thread::sleep(WANTED_ROUND_GAP);
+                intake.log_rounds().pause(APPEND_EVERY - WANTED_ROUND_GAP);
+            }
         }
     };
     if let Err(error) = std::thread::Builder::new()

@@ -94,14 +94,18 @@ pub struct ExtensionQuery {
     size: u64,
     /// The size of the last checkpoint the reader saved, if any
     since: Option<u64>,
+    /// Seconds to wait for a checkpoint that holds `size` leaves (0-60,
+    /// default 0); the log takes a round for the asker at once
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 60)]
+    wait: Option<String>,
 }
 
 #[utoipa::path(get, path = "/v1/checkpoint/extension", tag = "evidence",
     params(ExtensionQuery),
     responses(
         (status = 200, description = "The newest checkpoint and the RFC 6962 consistency proofs to it from the tree of `size` leaves and from that of `since` leaves, in one answer: what a verifying follower asks once per page (`plan-intake follow --verify`)", body = crate::intake::receipt_log::CheckpointExtension),
-        (status = 400, description = "`size` missing or not a number, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No checkpoint holds `size` leaves yet (`not-logged-yet`, with `Retry-After`): the log takes a few seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`size` missing or not a number, a wait outside 0-60, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No checkpoint holds `size` leaves yet, after `wait` (`not-logged-yet`, with `Retry-After`); a service that signs nothing answers at once", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn extension(
@@ -111,17 +115,55 @@ pub async fn extension(
     let query = web::Query::<ExtensionQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
         .into_inner();
+    let wait =
+        plan_intake_wire::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let deadline = super::deadline::of(&req, &state);
-    let (size, since) = (query.size, query.since);
-    let extension = state
-        .blocking(deadline, move |intake| {
-            intake.checkpoint_extension(size, since, &deadline)
-        })
+    let extension = extension_or_wait(&state, query.size, query.since, wait, deadline)
         .await?
         .ok_or(ApiError::NotLoggedYet(
             "no checkpoint holds that many leaves yet; the log takes a few seconds",
         ))?;
     Ok(HttpResponse::Ok().json(extension))
+}
+
+/// The extension, once a checkpoint holds `size` leaves; with none yet,
+/// asks this instance's appender for a round and waits up to `wait`,
+/// holding no connection. Woken when this instance signs, and every
+/// `RECHECK` in any case (another instance may have signed).
+async fn extension_or_wait(
+    state: &AppState,
+    size: u64,
+    since: Option<u64>,
+    wait: std::time::Duration,
+    mut deadline: crate::deadline::Deadline,
+) -> Result<Option<crate::intake::receipt_log::CheckpointExtension>, ApiError> {
+    const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+    let until = std::time::Instant::now() + wait;
+    let mut signed = state.intake.log_rounds().subscribe();
+    let mut stopping = state.stopping();
+    loop {
+        signed.borrow_and_update();
+        let found = state
+            .blocking(deadline, move |intake| {
+                intake.checkpoint_extension(size, since, &deadline)
+            })
+            .await?;
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        // A service that signs nothing appends nothing for the asker.
+        let signs = state.intake.signing_key().is_some();
+        if found.is_some() || left.is_zero() || !signs || *stopping.borrow_and_update() {
+            return Ok(found);
+        }
+        state.intake.log_rounds().want();
+        let woken = async {
+            tokio::select! {
+                _ = signed.changed() => {}
+                _ = stopping.changed() => {}
+            }
+        };
+        let _ = actix_web::rt::time::timeout(left.min(RECHECK), woken).await;
+        deadline = crate::deadline::Deadline::after(state.http.request_timeout);
+    }
 }
 
 #[utoipa::path(get, path = "/v1/log/checkpoint", tag = "evidence",

@@ -16,6 +16,7 @@ pub use plan_intake_wire::hashing;
 pub mod idempotency_key;
 /// I-JSON reading and RFC 8785 writing, a crate of its own (`crates/json`).
 pub use plan_intake_json as ijson;
+pub mod log_rounds;
 pub mod login;
 #[cfg(test)]
 mod properties;
@@ -68,6 +69,8 @@ pub struct Intake {
     /// Why the receipt log's appender cannot go on, while it cannot (set by
     /// the appender; `/readyz` tells it).
     log_stuck: Told,
+    /// A reader waiting for a checkpoint asks the appender for a round.
+    log_rounds: log_rounds::LogRounds,
     /// Why the signing key cannot be published, while it cannot (set by its
     /// recorder; `/readyz` tells it).
     key_unpublished: Told,
@@ -113,6 +116,7 @@ impl Intake {
             signing: None,
             cosigning: Vec::new(),
             log_stuck: Told::default(),
+            log_rounds: log_rounds::LogRounds::default(),
             key_unpublished: Told::default(),
         }
     }
@@ -422,6 +426,11 @@ impl Intake {
             signed,
             crate::clock::now_micros(),
         )?)
+    }
+
+    /// Between the appender and readers waiting for a checkpoint.
+    pub fn log_rounds(&self) -> &log_rounds::LogRounds {
+        &self.log_rounds
     }
 
     /// Whether the log as stored extends the checkpoint of `signed` leaves

@@ -26,6 +26,7 @@ on_both_backends_sync!(
     an_expanded_plan_is_held_to_its_receipt,
     a_follower_says_how_far_behind_it_is,
     the_log_is_served_as_c2sp_tiles,
+    a_reader_waiting_for_a_checkpoint_gets_one_at_once,
     an_empty_page_moving_the_cursor_ahead_skips_nothing,
     receipts_withheld_by_an_empty_page_are_named,
     an_honest_feed_is_handed_on_once_and_verification_resumes,
@@ -715,6 +716,61 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
     ] {
         assert_eq!(cache(missing).0, 404, "{missing}");
     }
+}
+
+/// A verifying follower asks for the checkpoint holding its page with
+/// `wait`: the service appends for it at once instead of at its next
+/// second, and a service that signs nothing says so without waiting.
+fn a_reader_waiting_for_a_checkpoint_gets_one_at_once(db: TestDb) {
+    let logged = logged(&db);
+    let planner = login_via_cli(&db.url, "planner-w", "plans:submit");
+    let json_of = |answer: ureq::Response| -> Value {
+        let text = answer.into_string().unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    let extension = |addr: &str, query: &str| -> (u16, Value) {
+        let answer = client()
+            .get(&format!("http://{addr}/v1/checkpoint/extension?{query}"))
+            .set("Authorization", &format!("Bearer {}", logged.reader))
+            .call();
+        match answer {
+            Ok(answer) => (answer.status(), json_of(answer)),
+            Err(ureq::Error::Status(status, answer)) => (status, json_of(answer)),
+            Err(e) => panic!("GET extension: {e}"),
+        }
+    };
+    let size_of = |answer: &Value| -> u64 {
+        let note = answer["checkpoint"].as_str().expect("a checkpoint");
+        note.lines()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .expect("a size")
+    };
+    for round in 0..3 {
+        let kept = write_plans(&logged.service, &planner, &format!("waited-{round}"), 1);
+        assert_eq!(kept.len(), 1);
+        // Asked right after the 201: no checkpoint holds the plan yet
+        // unless the appender runs for the asker.
+        let size = PLANS as u64 + round + 1;
+        let (status, answer) = extension(&logged.service.addr, &format!("size={size}&wait=30"));
+        assert_eq!(status, 200, "{answer}");
+        assert!(size_of(&answer) >= size, "{answer}");
+    }
+    let (status, answer) = extension(&logged.service.addr, "size=1&wait=61");
+    assert_eq!(status, 400, "{answer}");
+
+    // The same database through an instance without a key.
+    let unsigned = ServeProcess::start(&db.url);
+    let asked = std::time::Instant::now();
+    let beyond = PLANS + 10;
+    let (status, answer) = extension(&unsigned.addr, &format!("size={beyond}&wait=60"));
+    assert_eq!(status, 404, "{answer}");
+    let kind = answer["type"].as_str().unwrap_or_default();
+    assert!(kind.ends_with("not-logged-yet"), "{answer}");
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(30),
+        "a service that signs nothing kept the reader waiting"
+    );
 }
 
 /// The async follower verifies by the same code: an honest run hands on

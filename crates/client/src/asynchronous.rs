@@ -40,7 +40,9 @@ use std::time::Duration;
 use plan_intake_wire::feed::FeedCursor;
 
 #[cfg(feature = "verify")]
-use super::follow::{ExtensionVerdict, extension_query, judge_extension, no_proof};
+use super::follow::{
+    EXTENSION_WAIT_SECS, ExtensionVerdict, extension_query, judge_extension, no_proof,
+};
 use super::follow::{
     PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query, fresh_proof,
     handed_again, judge_page, lines_of_proof, proof_of_saved, refuse_end_when_verifying,
@@ -152,7 +154,7 @@ impl AsyncClient {
         let query = format!(
             "{}{}",
             self.base,
-            extension_query(size, &extended.since_query())
+            extension_query(size, &extended.since_query(), EXTENSION_WAIT_SECS)
         );
         let mut failures = 0u32;
         let answer = loop {
@@ -168,7 +170,7 @@ impl AsyncClient {
             Err(refused) if refused.locatable => {
                 let mut locator = extended.locator(keys);
                 while let Some(size) = locator.next_size() {
-                    let query = format!("{}{}", self.base, extension_query(size, ""));
+                    let query = format!("{}{}", self.base, extension_query(size, "", 0));
                     let answer = match self.get(&query).await {
                         Ok(response) if response.status() == 200 => response
                             .text()

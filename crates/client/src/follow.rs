@@ -522,7 +522,7 @@ impl Run<'_> {
             Ok(proven) => Ok(Some(Some(proven))),
             Err(refused) if refused.locatable => {
                 let located = extended.locate(keys, |size| {
-                    let query = extension_query(size, "");
+                    let query = extension_query(size, "", 0);
                     match self.get_unless_stopped(&query, Duration::ZERO)? {
                         Exchange::Answer(answer) if answer.status == 200 => {
                             serde_json::from_str(&answer.body).ok()
@@ -545,10 +545,11 @@ impl Run<'_> {
         size: u64,
         since: &str,
     ) -> Result<Option<plan_intake_wire::evidence::CheckpointExtension>, FollowError> {
-        let query = extension_query(size, since);
+        let query = extension_query(size, since, EXTENSION_WAIT_SECS);
+        let waits = Duration::from_secs(EXTENSION_WAIT_SECS);
         let mut failures = 0u32;
         loop {
-            let Some(exchange) = self.get_unless_stopped(&query, Duration::ZERO) else {
+            let Some(exchange) = self.get_unless_stopped(&query, waits) else {
                 return Ok(None);
             };
             failures += 1;
@@ -662,11 +663,18 @@ impl Run<'_> {
 }
 
 /// The request for the newest checkpoint and its proofs from `size`
-/// leaves (and `since`: `&since=P`, or empty).
+/// leaves (and `since`: `&since=P`, or empty), waiting up to `wait`
+/// seconds for a checkpoint that holds them (the service appends for the
+/// asker at once).
 #[cfg(feature = "verify")]
-pub(crate) fn extension_query(size: u64, since: &str) -> String {
-    format!("/v1/checkpoint/extension?size={size}{since}")
+pub(crate) fn extension_query(size: u64, since: &str, wait: u64) -> String {
+    format!("/v1/checkpoint/extension?size={size}{since}&wait={wait}")
 }
+
+/// How long one checkpoint request waits for the page's leaves to be
+/// logged: well within the request's own time bound.
+#[cfg(feature = "verify")]
+pub(crate) const EXTENSION_WAIT_SECS: u64 = 10;
 
 /// What one checkpoint-extension exchange means.
 #[cfg(feature = "verify")]
@@ -696,9 +704,10 @@ pub(crate) fn judge_extension(
             }),
         Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => {
             let delay = backoff.delay(failures.min(3), answer.retry_after);
-            // Quiet for the usual second or so; then said, every tenth ask
-            // (a service that signs nothing never logs anything).
-            if failures.is_multiple_of(10) {
+            // The service waited for its log already: said on the first
+            // such answer, then every tenth (a service that signs nothing
+            // never logs anything, and answers at once).
+            if failures == 1 || failures.is_multiple_of(10) {
                 tracing::warn!(
                     failures,
                     "no signed checkpoint holds log index {} yet (is the service signing? `/readyz` says): waiting",
