@@ -93,6 +93,19 @@ struct Run {
     verified: u64,
 }
 
+/// A proxy in front of the logged service that hands each answer's body
+/// (and the path it answered) to `rewrite`.
+fn rewriting_proxy(
+    logged: &Logged,
+    rewrite: impl Fn(&str, Vec<u8>) -> Vec<u8> + Send + Sync + 'static,
+) -> HttpProxy {
+    HttpProxy::start(
+        logged.service.addr.clone(),
+        Arc::new(str::to_owned),
+        Arc::new(rewrite),
+    )
+}
+
 /// `follow --verify --from-start --drain` in pages of `limit`, then `more`.
 fn follow_args(logged: &Logged, cursor: &Path, limit: u32, more: &[&str]) -> Vec<String> {
     let limit = limit.to_string();
@@ -264,17 +277,13 @@ fn each_tampering_is_named_and_nothing_past_it_is_saved(db: TestDb) {
     .enumerate()
     {
         let ids = Arc::clone(&ids);
-        let proxy = HttpProxy::start(
-            logged.service.addr.clone(),
-            Arc::new(str::to_owned),
-            Arc::new(move |target: &str, body: Vec<u8>| {
-                if target.starts_with("/v1/receipts?") {
-                    tampered(body, tampering, &ids)
-                } else {
-                    body
-                }
-            }),
-        );
+        let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+            if target.starts_with("/v1/receipts?") {
+                tampered(body, tampering, &ids)
+            } else {
+                body
+            }
+        });
         let run = follow_verified(&proxy.url, &logged, &format!("tampered-{n}.cursor"), 2);
         refused_at(&run, named, handed, &logged.ids);
     }
@@ -307,19 +316,15 @@ fn an_empty_page_moving_the_cursor_ahead_skips_nothing(db: TestDb) {
     let cursors = page_cursors(&logged, 2);
     let ahead = cursors[1].clone();
     let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let proxy = HttpProxy::start(
-        logged.service.addr.clone(),
-        Arc::new(str::to_owned),
-        Arc::new(move |target: &str, body: Vec<u8>| {
-            let first = target.starts_with("/v1/receipts?")
-                && !answered.swap(true, std::sync::atomic::Ordering::SeqCst);
-            if first {
-                format!(r#"{{"receipts":[],"next":"{ahead}"}}"#).into_bytes()
-            } else {
-                body
-            }
-        }),
-    );
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        let first = target.starts_with("/v1/receipts?")
+            && !answered.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if first {
+            format!(r#"{{"receipts":[],"next":"{ahead}"}}"#).into_bytes()
+        } else {
+            body
+        }
+    });
     // The empty first page ends a --drain run: with nothing saved.
     let run = follow_verified(&proxy.url, &logged, "empty.cursor", 2);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -337,20 +342,16 @@ fn receipts_withheld_by_an_empty_page_are_named(db: TestDb) {
     let logged = logged(&db);
     crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
     let pages = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let proxy = HttpProxy::start(
-        logged.service.addr.clone(),
-        Arc::new(str::to_owned),
-        Arc::new(move |target: &str, body: Vec<u8>| {
-            if !target.starts_with("/v1/receipts?")
-                || pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
-            {
-                return body;
-            }
-            let mut page: Value = serde_json::from_slice(&body).expect("a page");
-            page["receipts"] = Value::Array(Vec::new());
-            serde_json::to_vec(&page).expect("json")
-        }),
-    );
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        if !target.starts_with("/v1/receipts?")
+            || pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            return body;
+        }
+        let mut page: Value = serde_json::from_slice(&body).expect("a page");
+        page["receipts"] = Value::Array(Vec::new());
+        serde_json::to_vec(&page).expect("json")
+    });
     let run = follow_verified(&proxy.url, &logged, "withheld.cursor", 2);
     refused_at(&run, 2, 2, &logged.ids);
     assert!(run.stderr.contains("receipts withheld"), "{}", run.stderr);
@@ -426,18 +427,14 @@ fn a_checkpoint_of_another_deployment_with_the_same_key_is_refused(db: TestDb) {
     crate::evidence::checkpoint_of_at_least(&other.service.addr, PLANS as u64);
     let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let other_addr = other.service.addr.clone();
-    let proxy = HttpProxy::start(
-        logged.service.addr.clone(),
-        Arc::new(str::to_owned),
-        Arc::new(move |target: &str, body: Vec<u8>| {
-            let checkpoint = target.starts_with("/v1/checkpoint/extension");
-            if !checkpoint || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                return body;
-            }
-            let (_, other_body) = crate::evidence::get_text(&other_addr, None, target);
-            other_body.into_bytes()
-        }),
-    );
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        let checkpoint = target.starts_with("/v1/checkpoint/extension");
+        if !checkpoint || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            return body;
+        }
+        let (_, other_body) = crate::evidence::get_text(&other_addr, None, target);
+        other_body.into_bytes()
+    });
     let run = follow_verified(&proxy.url, &logged, "other.cursor", 2);
     refused_at(&run, 2, 2, &logged.ids);
     assert!(
@@ -626,22 +623,18 @@ fn an_expanded_plan_is_held_to_its_receipt(db: TestDb) {
     assert_eq!(honest.handed, logged.ids);
 
     let changed = logged.ids[3].clone();
-    let proxy = HttpProxy::start(
-        logged.service.addr.clone(),
-        Arc::new(str::to_owned),
-        Arc::new(move |target: &str, body: Vec<u8>| {
-            if !target.starts_with("/v1/receipts?") {
-                return body;
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        if !target.starts_with("/v1/receipts?") {
+            return body;
+        }
+        let mut page: Value = serde_json::from_slice(&body).expect("a page");
+        for entry in page["receipts"].as_array_mut().into_iter().flatten() {
+            if entry["receipt"]["receipt_id"].as_str() == Some(&changed) {
+                entry["content"] = serde_json::json!({"run": "changed"});
             }
-            let mut page: Value = serde_json::from_slice(&body).expect("a page");
-            for entry in page["receipts"].as_array_mut().into_iter().flatten() {
-                if entry["receipt"]["receipt_id"].as_str() == Some(&changed) {
-                    entry["content"] = serde_json::json!({"run": "changed"});
-                }
-            }
-            serde_json::to_vec(&page).expect("json")
-        }),
-    );
+        }
+        serde_json::to_vec(&page).expect("json")
+    });
     let run = follow_verified_with(&proxy.url, &logged, "changed.cursor", 2, &["--expand"]);
     refused_at(&run, 3, 2, &logged.ids);
     assert!(
@@ -823,17 +816,13 @@ async fn an_async_follower_verifies_too() {
     assert_eq!(handed, logged.ids);
 
     let ids = Arc::new(logged.ids.clone());
-    let proxy = HttpProxy::start(
-        logged.service.addr.clone(),
-        Arc::new(str::to_owned),
-        Arc::new(move |target: &str, body: Vec<u8>| {
-            if target.starts_with("/v1/receipts?") {
-                tampered(body, Tampering::Drop(3), &ids)
-            } else {
-                body
-            }
-        }),
-    );
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        if target.starts_with("/v1/receipts?") {
+            tampered(body, Tampering::Drop(3), &ids)
+        } else {
+            body
+        }
+    });
     let (ended, handed) = run(proxy.url.clone(), "async-dropped.cursor").await;
     match ended {
         Err(FollowError::Unverified(why)) => assert!(why.contains("log index 3"), "{why}"),
