@@ -3,6 +3,9 @@
 //!
 //! `--quick` runs only the baselines and the write scenarios (new plans at
 //! N, 64 and 256 clients, replays), for iterating on the write path.
+//! `--verified-follow` runs only the followers' scenario: new plans at N
+//! clients on a signing service, read by `plan-intake follow` and by
+//! `plan-intake follow --verify` side by side.
 //!
 //! For each backend: a fresh database, the real service (this build's
 //! binary) on a random port, N keep-alive HTTP/1.1 clients through three
@@ -45,6 +48,8 @@ struct Options {
     postgres_url: String,
     /// Only the baselines and the write scenarios.
     quick: bool,
+    /// Only the verifying and the plain follower, side by side.
+    verified_follow: bool,
 }
 
 fn options() -> Options {
@@ -55,6 +60,7 @@ fn options() -> Options {
         postgres_url: std::env::var("PLAN_INTAKE_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         quick: false,
+        verified_follow: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -78,6 +84,7 @@ fn options() -> Options {
                 i += 1;
             }
             "--quick" => options.quick = true,
+            "--verified-follow" => options.verified_follow = true,
             _ => {} // cargo passes `--bench`
         }
         i += 1;
@@ -560,6 +567,20 @@ fn main() {
     let options = options();
     let mut rows: Vec<Row> = Vec::new();
     let mut push_rows: Vec<PushRow> = Vec::new();
+    if options.verified_follow {
+        for backend in options.backends.clone() {
+            let pool_size = if backend == "postgres" {
+                options.concurrency as u32
+            } else {
+                8
+            };
+            print_followers(
+                backend,
+                &followers_side_by_side(backend, &options, pool_size),
+            );
+        }
+        return;
+    }
     for backend in options.backends.clone() {
         let (url, cleanup) = fresh_database(backend, &options);
         bench_backend(backend, &url, &options, &mut rows, &mut push_rows);
@@ -679,6 +700,10 @@ fn bench_backend(
         evidence.on,
         None,
         Some(evidence.on_cpu),
+    );
+    print_followers(
+        backend,
+        &followers_side_by_side(backend, options, pool_size),
     );
     // Many more clients than the pool has connections, spread over 16
     // logins so that no login's share (16 in flight) turns them away.
@@ -972,7 +997,7 @@ fn new_plans_logged(
     tag: &str,
     body: &(dyn Fn(&str) -> String + Sync),
     duration: Duration,
-    completed: Option<&std::sync::Mutex<Vec<Instant>>>,
+    completed: Option<&std::sync::Mutex<Vec<(String, Instant)>>>,
 ) -> (Run, (f64, f64), u64) {
     let mark = (service.cpu_seconds(), cpu_seconds_of("self"));
     let stop = AtomicBool::new(false);
@@ -994,7 +1019,7 @@ fn new_plans_logged(
                         match post_status(&agent, &service.addr, token, &key, &body(&key)) {
                             Some(201) => {
                                 latencies.push(begun.elapsed());
-                                done_at.push(Instant::now());
+                                done_at.push((key, Instant::now()));
                             }
                             Some(429 | 503) => refused += 1,
                             _ => errors += 1,
@@ -1034,6 +1059,23 @@ fn new_plans_logged(
     (run, cpu, refused)
 }
 
+/// A signing key made by `signing-keys generate` in `dir` (its public
+/// half beside it, `.pub`).
+fn generated_key(dir: &std::path::Path) -> std::path::PathBuf {
+    let key = dir.join("bench.key");
+    let made = Command::new(BIN)
+        .args(["signing-keys", "generate", "--out"])
+        .arg(&key)
+        .output()
+        .expect("generate a key");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    key
+}
+
 /// Rounds of each in the signing comparison, alternating.
 const EVIDENCE_ROUNDS: u32 = 4;
 
@@ -1061,17 +1103,7 @@ fn evidence_on_and_off(backend: &str, options: &Options, pool_size: u32) -> Evid
     let (off_url, off_cleanup) = fresh_database(backend, options);
     let (on_url, on_cleanup) = fresh_database(backend, options);
     let key_dir = tempfile::tempdir().expect("temp dir");
-    let key = key_dir.path().join("bench.key");
-    let made = Command::new(BIN)
-        .args(["signing-keys", "generate", "--out"])
-        .arg(&key)
-        .output()
-        .expect("generate a key");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let key = generated_key(key_dir.path());
     let login = |url: &str| {
         let db = Database::open(url, &PoolOptions::default(), MigrateOnOpen::Apply)
             .expect("open the database");
@@ -1155,7 +1187,12 @@ fn evidence_on_and_off(backend: &str, options: &Options, pool_size: u32) -> Evid
         };
         (run, cpu)
     };
-    let mut completed = completed.into_inner().expect("completions");
+    let mut completed: Vec<Instant> = completed
+        .into_inner()
+        .expect("completions")
+        .into_iter()
+        .map(|(_, at)| at)
+        .collect();
     completed.sort();
     let samples = samples.into_inner().expect("samples");
     let mut lag = Vec::with_capacity(completed.len());
@@ -1186,6 +1223,190 @@ fn evidence_on_and_off(backend: &str, options: &Options, pool_size: u32) -> Evid
         on_cpu,
         caught_up_after: load_ended,
     }
+}
+
+/// A follower's view of the load: when each plan (by `run_id`) was
+/// handed on, and what the process cost.
+struct Followed {
+    /// Milliseconds from each plan's 201 to its line on the follower's
+    /// stdout.
+    delay: Run,
+    /// Plans acknowledged but never handed on within a minute of the load.
+    missing: usize,
+    /// CPU ms per 1,000 receipts handed on (user + system, whole process).
+    cpu_ms_per_1000: f64,
+}
+
+/// The plain and the verifying follower, read side by side from one run.
+struct Followers {
+    plans: usize,
+    rate: f64,
+    plain: Followed,
+    verifying: Followed,
+    limit: u32,
+}
+
+/// Receipts per page both followers ask for (the default).
+const FOLLOW_LIMIT: u32 = 100;
+
+/// A signing service under new plans at N clients for the run's duration,
+/// followed from the feed's start by `plan-intake follow` (the baseline:
+/// what the ordering system ran before) and by `plan-intake follow
+/// --verify --keys KEY.pub`, each a process of its own with the same page
+/// size; for every plan, the time from its 201 to its line on each
+/// follower's stdout, and each follower's CPU per receipt.
+fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> Followers {
+    let (url, cleanup) = fresh_database(backend, options);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generated_key(dir.path());
+    let (token, orders) = {
+        let db = Database::open(&url, &PoolOptions::default(), MigrateOnOpen::Apply)
+            .expect("open the database");
+        (
+            add_login(&db, "bench", Permission::PlansSubmit),
+            add_login(&db, "bench-orders", Permission::ReceiptsRead),
+        )
+    };
+    let token_file = dir.path().join("orders.token");
+    std::fs::write(&token_file, &orders).expect("write the token");
+    let service = Service::start_with(
+        &url,
+        pool_size,
+        &["--signing-key", key.to_str().expect("utf-8 path")],
+    );
+    let public = format!("{}.pub", key.display());
+    let follower = |name: &str, verify: bool| -> Child {
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "follow",
+                "--from-start",
+                "--limit",
+                &FOLLOW_LIMIT.to_string(),
+            ])
+            .arg("--url")
+            .arg(format!("http://{}", service.addr))
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--cursor-file")
+            .arg(dir.path().join(format!("{name}.cursor")));
+        if verify {
+            command.args(["--verify", "--keys", &public]);
+        }
+        command
+            .env("PLAN_INTAKE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start a follower")
+    };
+    let mut followers = [follower("plain", false), follower("verifying", true)];
+    // Each follower's stdout, read as it comes: when each run_id arrived.
+    let readers: Vec<_> = followers
+        .iter_mut()
+        .map(|child| {
+            let out = BufReader::new(child.stdout.take().expect("stdout"));
+            let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+                String,
+                Instant,
+            >::new()));
+            let into = seen.clone();
+            thread::spawn(move || {
+                for line in out.lines() {
+                    let Ok(line) = line else { break };
+                    let at = Instant::now();
+                    let run = serde_json::from_str::<serde_json::Value>(&line)
+                        .ok()
+                        .and_then(|entry| {
+                            let receipt = entry.get("receipt").unwrap_or(&entry);
+                            Some(receipt.get("run_id")?.as_str()?.to_owned())
+                        });
+                    if let Some(run) = run {
+                        into.lock().expect("seen").insert(run, at);
+                    }
+                }
+            });
+            seen
+        })
+        .collect();
+    let completed = std::sync::Mutex::new(Vec::new());
+    let (run, _, _) = new_plans_logged(
+        &service,
+        &[token],
+        options.concurrency,
+        "followed",
+        &body,
+        options.duration,
+        Some(&completed),
+    );
+    let completed = completed.into_inner().expect("completions");
+    let ended = Instant::now();
+    while ended.elapsed() < Duration::from_secs(60)
+        && readers
+            .iter()
+            .any(|seen| seen.lock().expect("seen").len() < completed.len())
+    {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let cpu: Vec<f64> = followers
+        .iter()
+        .map(|child| cpu_seconds_of(&child.id().to_string()))
+        .collect();
+    for child in &mut followers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let followed = |seen: &Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+                    cpu: f64| {
+        let seen = seen.lock().expect("seen");
+        let delays: Vec<Duration> = completed
+            .iter()
+            .filter_map(|(run, done)| Some(seen.get(run)?.saturating_duration_since(*done)))
+            .collect();
+        Followed {
+            missing: completed.len() - delays.len(),
+            cpu_ms_per_1000: cpu * 1000.0 * 1000.0 / seen.len().max(1) as f64,
+            delay: Run {
+                latencies: delays,
+                errors: 0,
+                elapsed: Duration::from_secs(1),
+                counted: None,
+            },
+        }
+    };
+    let result = Followers {
+        plans: completed.len(),
+        rate: run.rate(),
+        plain: followed(&readers[0], cpu[0]),
+        verifying: followed(&readers[1], cpu[1]),
+        limit: FOLLOW_LIMIT,
+    };
+    drop(service);
+    cleanup();
+    result
+}
+
+fn print_followers(backend: &str, followers: &Followers) {
+    let line = |name: &str, f: &Followed| {
+        println!(
+            "{backend}: {name:<38} from 201 to handed on: p50 {:>6.0} ms, p99 {:>6.0} ms, max {:>6.0} ms; {} not handed on; CPU {:.1} ms per 1,000 receipts",
+            ms(f.delay.percentile(0.5)).unwrap_or(f64::NAN),
+            ms(f.delay.percentile(0.99)).unwrap_or(f64::NAN),
+            ms(f.delay.percentile(1.0)).unwrap_or(f64::NAN),
+            f.missing,
+            f.cpu_ms_per_1000,
+        );
+    };
+    println!(
+        "{backend}: followers: {} new plans at {:.0}/s on a signing service, pages of {}",
+        followers.plans, followers.rate, followers.limit
+    );
+    line("follow (baseline, unverified)", &followers.plain);
+    line("follow --verify --keys KEY.pub", &followers.verifying);
+    println!(
+        "{backend}: verifying costs {:+.0} % of the unverified follower's CPU",
+        (followers.verifying.cpu_ms_per_1000 / followers.plain.cpu_ms_per_1000 - 1.0) * 100.0
+    );
 }
 
 /// Readers asking for the first 100 receipts of the feed, 4 at a time.

@@ -39,8 +39,9 @@ pub struct Horizon {
 }
 
 /// Postgres: the lowest position a plan still being written can take (see
-/// `plan_intake_feed_horizon`, migrations `…_feed_positions_by_cluster`
-/// and `…_plan_intake_write_holds_the_horizon`).
+/// `plan_intake_feed_horizon`, migrations `…_feed_positions_by_cluster`,
+/// `…_plan_intake_write_holds_the_horizon` and
+/// `…_feed_horizon_counts_writers_newer_than_its_snapshot`).
 ///
 /// The invariant it rests on: **every transaction that writes a plan holds
 /// a `RowExclusiveLock` on this database's `plans` from before it is given

@@ -547,6 +547,53 @@ async fn unrelated_open_transactions_do_not_hold_the_feed_back() {
     idle.batch_execute("ROLLBACK").expect("end");
 }
 
+/// The horizon reads its snapshot's end before it reads the writers in
+/// pg_locks; a writer that took its id in between (every moment, under
+/// load) holds nothing back. Made certain here by a reader whose snapshot
+/// is its transaction's (REPEATABLE READ) and a writer that starts after
+/// it: a plan committed before both is still settled. (Until 000017, such
+/// a writer's id was read as one of the previous xid epoch and the horizon
+/// fell 2^32 below every position: empty pages, and a log appender that
+/// found nothing to append, while writers kept starting.)
+#[actix_web::test]
+async fn a_writer_newer_than_the_horizons_snapshot_holds_nothing_back() {
+    use diesel::prelude::*;
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    let written = send(&service, post_plan(&planner, "k", &plan_body("run-1", "x"))).await;
+    assert_eq!(written.status, StatusCode::CREATED);
+
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut reader = diesel::PgConnection::establish(&direct_url).expect("connect");
+    reader
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;")
+        .expect("a snapshot taken");
+    let mut newer = hold_plan_and_key(&direct_url, "", "rcpt_newer", "run-newer", "k-newer");
+    let settled = diesel::sql_query("SELECT MAX(feed_xid) AS n FROM plans")
+        .get_result::<Found>(&mut reader)
+        .expect("the committed plan's position")
+        .n;
+    let horizon = diesel::sql_query("SELECT horizon AS n FROM plan_intake_feed_horizon()")
+        .get_result::<Found>(&mut reader)
+        .expect("the horizon")
+        .n;
+    assert!(
+        horizon > settled,
+        "a writer newer than the snapshot put the horizon ({horizon}) below a committed plan ({settled})"
+    );
+    newer.batch_execute("ROLLBACK").expect("end");
+    reader.batch_execute("ROLLBACK").expect("end");
+}
+
 /// The database is dumped and restored into another cluster whose
 /// transaction ids are far lower: a reader continuing from its old cursor
 /// sees every new receipt and no old one again, with no manual step.
