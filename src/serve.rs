@@ -387,8 +387,15 @@ fn keep_receipt_log_appended(
         let mut failing_since: Option<std::time::Instant> = None;
         let mut lag_measured: Option<std::time::Instant> = None;
         loop {
+            let round_began = std::time::Instant::now();
             let behind = match intake.append_receipts(&origin, limit, signed) {
                 Ok(appended) => {
+                    tracing::debug!(
+                        receipts = appended.as_ref().map_or(0, |a| a.to - a.from),
+                        another_instance_appends = appended.is_none(),
+                        ms = round_began.elapsed().as_millis() as u64,
+                        "a receipt log round"
+                    );
                     if failing_since.take().is_some() {
                         tracing::info!("the receipt log is appended to again");
                     }

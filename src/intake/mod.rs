@@ -419,13 +419,15 @@ impl Intake {
             origin,
         };
         let mut conn = self.db.conn()?;
-        Ok(crate::storage::receipt_log::append(
-            &mut conn,
-            limit,
-            &writer,
-            signed,
-            crate::clock::now_micros(),
-        )?)
+        Ok(self.db.between_batches(|| {
+            crate::storage::receipt_log::append(
+                &mut conn,
+                limit,
+                &writer,
+                signed,
+                crate::clock::now_micros(),
+            )
+        })?)
     }
 
     /// Between the appender and readers waiting for a checkpoint.

@@ -48,6 +48,9 @@ struct Slot {
 struct Queue {
     waiting: Vec<Arc<Slot>>,
     leading: bool,
+    /// Another writer of this file (the receipt log's appender) waits for
+    /// its turn: no new batch begins until it has had it.
+    turn_wanted: bool,
 }
 
 pub struct WriteQueue {
@@ -124,7 +127,7 @@ impl WriteQueue {
             if let Some(result) = lock(&slot.result).take() {
                 return result;
             }
-            if queue.leading {
+            if queue.leading || queue.turn_wanted {
                 let left = slot.deadline.remaining();
                 if left.is_zero() {
                     // Still queued: leave unwritten. Already in the batch
@@ -162,6 +165,35 @@ impl WriteQueue {
             drop(batch);
             queue = lock(&self.queue);
         }
+    }
+
+    /// Runs `write` (another writer of this file, on a connection of its
+    /// own) between two batches: the batch being written ends first, and
+    /// none begins until `write` returns. SQLite's busy handler polls, so a
+    /// writer competing with back-to-back batches could wait for seconds;
+    /// here it waits for one batch at most, and the plans queued meanwhile
+    /// go in the next.
+    pub fn between_batches<R>(&self, write: impl FnOnce() -> R) -> R {
+        struct Turn<'a>(&'a WriteQueue);
+        impl Drop for Turn<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.queue).leading = false;
+                self.0.done.notify_all();
+            }
+        }
+        let mut queue = lock(&self.queue);
+        queue.turn_wanted = true;
+        while queue.leading {
+            queue = self
+                .done
+                .wait(queue)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        queue.turn_wanted = false;
+        queue.leading = true;
+        drop(queue);
+        let _turn = Turn(self);
+        write()
     }
 
     /// Writes one batch; a panic while writing answers every writer in it.

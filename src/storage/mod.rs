@@ -170,6 +170,16 @@ impl Database {
 
     /// A pooled connection, or `Unavailable` when none frees up within the
     /// checkout timeout. Call only from blocking code (`web::block`).
+    /// Runs `write`, a writer outside the plans' write path (the receipt
+    /// log's appender): on SQLite between two group-commit batches, so it
+    /// is not starved by them; on Postgres as it is.
+    pub fn between_batches<R>(&self, write: impl FnOnce() -> R) -> R {
+        match self.backend {
+            Backend::Sqlite => self.writers.between_batches(write),
+            Backend::Postgres => write(),
+        }
+    }
+
     pub fn conn(&self) -> Result<PooledConn, StorageError> {
         self.checkout(self.checkout_timeout)
     }
