@@ -24,7 +24,8 @@ use tlog_tiles::{Hash, node_hash, record_hash};
 
 use plan_intake_wire::Receipt;
 use plan_intake_wire::evidence::{
-    BadSignature, CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint, verify_receipt,
+    BadSignature, CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint,
+    verify_receipt_form,
 };
 
 /// What a verifying follower proved so far; saved with each cursor.
@@ -308,7 +309,12 @@ impl Verified {
             let index = after.size;
             let receipt = receipt_of(entry, expand)
                 .map_err(|why| unverified(format!("log index {index}: {why}")))?;
-            match verify_receipt(&receipt, keys) {
+            let leaf = signed_form(&receipt).map_err(|e| {
+                unverified(format!(
+                    "log index {index}: its signed form cannot be made: {e}"
+                ))
+            })?;
+            match verify_receipt_form(&receipt, &leaf, keys) {
                 // A key the reader has not pinned yet (a rotation's new
                 // one): the receipt is still held to the leaf a checkpoint
                 // signed by a pinned key proves, like every other.
@@ -320,11 +326,6 @@ impl Verified {
                     )));
                 }
             }
-            let leaf = signed_form(&receipt).map_err(|e| {
-                unverified(format!(
-                    "log index {index}: its signed form cannot be made: {e}"
-                ))
-            })?;
             let hash = record_hash(&leaf);
             leaves.push(hash);
             after.push(hash);

@@ -69,10 +69,20 @@ pub enum KeysError {
 /// Verifier keys a reader trusts, pinned out of band: what `GET
 /// /v1/signing-keys` answered (JSON), or verifier keys one per line (`#`
 /// starts a comment).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TrustedKeys {
-    /// `(name+id, verifier key)`.
-    keys: Vec<(String, String)>,
+    /// `(name+id, verifier key, its verifier)`: parsed once, since a
+    /// verifying follower checks every receipt (an Ed25519 key's point is
+    /// decompressed when it is parsed).
+    keys: Vec<(String, String, StandardVerifier)>,
+}
+
+impl std::fmt::Debug for TrustedKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.keys.iter().map(|(id, _, _)| id))
+            .finish()
+    }
 }
 
 impl TrustedKeys {
@@ -101,6 +111,7 @@ impl TrustedKeys {
             keys.push((
                 format!("{}+{:08x}", verifier.name(), verifier.key_id()),
                 vkey,
+                verifier,
             ));
         }
         Ok(Self { keys })
@@ -113,15 +124,15 @@ impl TrustedKeys {
 
     /// Whether `verifier_key` is one of these, byte for byte.
     pub fn trusts(&self, verifier_key: &str) -> bool {
-        self.keys.iter().any(|(_, vkey)| vkey == verifier_key)
+        self.keys.iter().any(|(_, vkey, _)| vkey == verifier_key)
     }
 
     /// The verifier of `key_id`, if trusted.
-    fn verifier(&self, key_id: &str) -> Option<StandardVerifier> {
+    fn verifier(&self, key_id: &str) -> Option<&StandardVerifier> {
         self.keys
             .iter()
-            .find(|(id, _)| id == key_id)
-            .and_then(|(_, vkey)| StandardVerifier::new(vkey).ok())
+            .find(|(id, _, _)| id == key_id)
+            .map(|(_, _, verifier)| verifier)
     }
 
     /// Every trusted key as a signed-note verifier list, for checkpoints.
@@ -129,8 +140,9 @@ impl TrustedKeys {
         signed_note::VerifierList::new(
             self.keys
                 .iter()
-                .filter_map(|(_, vkey)| StandardVerifier::new(vkey).ok())
-                .map(|v| Box::new(v) as Box<dyn signed_note::Verifier>)
+                .map(|(_, _, verifier)| {
+                    Box::new(verifier.clone()) as Box<dyn signed_note::Verifier>
+                })
                 .collect(),
         )
     }
@@ -158,15 +170,26 @@ pub enum BadSignature {
 /// Whether `receipt`'s own signature holds under `keys`.
 pub fn verify_receipt(receipt: &Receipt, keys: &TrustedKeys) -> Result<(), BadSignature> {
     let signature = receipt.signature.as_ref().ok_or(BadSignature::Unsigned)?;
+    let form =
+        signed_form(receipt).map_err(|_| BadSignature::Mismatch(signature.key_id.clone()))?;
+    verify_receipt_form(receipt, &form, keys)
+}
+
+/// [`verify_receipt`] with the receipt's signed form made already (a
+/// verifying follower makes it once, for the signature and the leaf).
+pub fn verify_receipt_form(
+    receipt: &Receipt,
+    form: &[u8],
+    keys: &TrustedKeys,
+) -> Result<(), BadSignature> {
+    let signature = receipt.signature.as_ref().ok_or(BadSignature::Unsigned)?;
     let verifier = keys
         .verifier(&signature.key_id)
         .ok_or_else(|| BadSignature::UnknownKey(signature.key_id.clone()))?;
     let bytes = BASE64
         .decode(&signature.ed25519)
         .map_err(|_| BadSignature::NotBase64)?;
-    let form =
-        signed_form(receipt).map_err(|_| BadSignature::Mismatch(signature.key_id.clone()))?;
-    if verifier.verify(&form, &bytes) {
+    if verifier.verify(form, &bytes) {
         Ok(())
     } else {
         Err(BadSignature::Mismatch(signature.key_id.clone()))
