@@ -47,12 +47,20 @@ pub struct FollowArgs {
     /// Seconds between two lines saying how far behind the feed's end the follower is (INFO; 0: after every page)
     #[arg(long, default_value_t = FollowOptions::DEFAULT_LAG_EVERY.as_secs())]
     pub lag_every_secs: u64,
-    /// Hand on only receipts proven to be the signed receipt log's next leaves (each signature under --keys, one consistency proof a page); the proof so far is saved with the cursor. Starts at the feed's first receipt (--from-start) or from a cursor file a verifying follower saved; exits 76 at the first receipt that fails, naming its log index
+    /// Hand on only receipts proven to be the signed receipt log's next leaves (each signature under --keys, one consistency proof a page); the proof so far is saved with the cursor. Starts at the feed's first receipt (--from-start), from a cursor file a verifying follower saved, or at a checkpoint (--from-checkpoint FILE; with neither, the first one it sees, trusted, and said so); exits 76 at the first receipt that fails, naming its log index
     #[arg(long, requires = "keys")]
     pub verify: bool,
     /// The keys --verify trusts, pinned: what `GET /v1/signing-keys` answered once, or verifier keys (`.pub` lines) one per line; nothing the service says adds one
     #[arg(long, value_name = "FILE", requires = "verify")]
     pub keys: Option<PathBuf>,
+    /// With --verify and no cursor file: start at this checkpoint (a signed note, as `GET /v1/checkpoint` answers it, or the service's --checkpoint-file), trusted as the log's; receipts after it are verified against it, the ones before it are not handed on
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "verify",
+        conflicts_with = "from_start"
+    )]
+    pub from_checkpoint: Option<PathBuf>,
 }
 
 pub fn run(args: FollowArgs) -> Result<(), CommandError> {
@@ -68,7 +76,20 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         lag_every_secs,
         verify,
         keys,
+        from_checkpoint,
     } = args;
+    let from_checkpoint = match from_checkpoint {
+        Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
+            CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))
+        })?),
+        None => None,
+    };
+    if from_checkpoint.is_some() && cursor_file.exists() {
+        tell!(
+            "--from-checkpoint is ignored: {} holds a cursor, and the follower goes on from it",
+            cursor_file.display()
+        );
+    }
     let pinned = match keys.filter(|_| verify) {
         Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
         None => None,
@@ -88,6 +109,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         exec,
         drain,
         verify: pinned,
+        from_checkpoint,
         lag_every: Duration::from_secs(lag_every_secs),
         ..FollowOptions::new(cursor_file)
     };

@@ -166,6 +166,39 @@ async fn extension_or_wait(
     }
 }
 
+/// `GET /v1/checkpoint/start?size=N`.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StartQuery {
+    /// The size of the checkpoint the reader trusts
+    size: u64,
+}
+
+#[utoipa::path(get, path = "/v1/checkpoint/start", tag = "evidence",
+    params(StartQuery),
+    responses(
+        (status = 200, description = "Where a verifying follower starts at a checkpoint of `size` leaves it trusts (`follow --verify --from-checkpoint FILE`, or the first checkpoint it sees): the roots of that tree's perfect subtrees, which hash to the checkpoint's root, and the feed cursor after its last leaf", body = crate::intake::receipt_log::CheckpointStart),
+        (status = 400, description = "`size` missing or not a number, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No checkpoint holds `size` leaves yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn start(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<StartQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
+        .into_inner();
+    let deadline = super::deadline::of(&req, &state);
+    let size = query.size;
+    let start = state
+        .blocking(deadline, move |intake| {
+            intake.checkpoint_start(size, &deadline)
+        })
+        .await?
+        .ok_or(ApiError::NotLoggedYet(
+            "no checkpoint holds that many leaves yet; the log takes a few seconds",
+        ))?;
+    Ok(HttpResponse::Ok().json(start))
+}
+
 #[utoipa::path(get, path = "/v1/log/checkpoint", tag = "evidence",
     responses(
         (status = 200, description = "The newest checkpoint, as C2SP tlog-tiles serves it (the same note as `GET /v1/checkpoint`)", body = String, content_type = "text/plain"),

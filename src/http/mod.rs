@@ -169,6 +169,7 @@ fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                 evidence::consistency,
             ))
             .service(readable("/v1/checkpoint/extension", evidence::extension))
+            .service(readable("/v1/checkpoint/start", evidence::start))
             .service(readable("/v1/log/checkpoint", evidence::log_checkpoint))
             .service(readable("/v1/log/tile/{tile:.+}", evidence::log_tile))
             .service(readable("/healthz", healthz))

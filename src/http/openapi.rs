@@ -21,6 +21,7 @@ use utoipa::{Modify, OpenApi};
         super::evidence::checkpoint,
         super::evidence::consistency,
         super::evidence::extension,
+        super::evidence::start,
         super::evidence::log_checkpoint,
         super::evidence::log_tile,
         super::healthz,

@@ -584,6 +584,47 @@ impl Intake {
         }
     }
 
+    /// Where a verifying reader starts at the checkpoint of `size` leaves
+    /// (`GET /v1/checkpoint/start`): the tree's right edge and the feed
+    /// cursor after its last leaf. `None` while the newest checkpoint
+    /// holds fewer. A last leaf whose plan is gone cannot be placed in the
+    /// feed: corrupt, as an audit would say.
+    pub fn checkpoint_start(
+        &self,
+        size: u64,
+        deadline: &Deadline,
+    ) -> Result<Option<receipt_log::CheckpointStart>, ReadError> {
+        use crate::storage::receipt_log::{ProofError, start_at};
+        let mut answer = None;
+        self.db.read(deadline, |conn| {
+            answer = Some(start_at(conn, size));
+            Ok(())
+        })?;
+        match answer {
+            Some(Ok((edge, last))) => {
+                let after = match last {
+                    Some((position, receipt_id)) => {
+                        feed::Cursor::after_receipt(position, &receipt_id).encode()
+                    }
+                    None if size == 0 => feed::Cursor::default().encode(),
+                    None => {
+                        return Err(ReadError::Corrupt(
+                            format!("the plan of log index {} is gone", size - 1).into(),
+                        ));
+                    }
+                };
+                let found = receipt_log::CheckpointStart {
+                    edge: edge.iter().map(ToString::to_string).collect(),
+                    after,
+                };
+                self.replicated(Some(found), deadline)
+            }
+            Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
+            Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
+            _ => Ok(None),
+        }
+    }
+
     /// A C2SP `tlog-tiles` resource of the log at its newest checkpoint:
     /// a hash tile, or an entry bundle (each leaf recomputed from its
     /// plan's row, as the appender made it). `None` beyond the tree.

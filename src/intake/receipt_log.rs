@@ -69,7 +69,9 @@ pub fn proof_text(index: u64, proof: &[Hash], checkpoint: &str) -> String {
     text
 }
 
-pub use plan_intake_wire::evidence::{CheckpointExtension, VerifiedCheckpoint, verify_checkpoint};
+pub use plan_intake_wire::evidence::{
+    CheckpointExtension, CheckpointStart, VerifiedCheckpoint, verify_checkpoint,
+};
 
 /// Hashes (or entries) in a full tile of the log (C2SP `tlog-tiles`,
 /// height 8).

@@ -541,6 +541,49 @@ pub fn extension(
     Ok((checkpoint, proof, since_proof))
 }
 
+/// A tree's right edge, and its last leaf's feed position and receipt.
+pub type Start = (Vec<Hash>, Option<(FeedPosition, String)>);
+
+/// Where a reader starts at the tree of `size` leaves (at most the newest
+/// checkpoint's, else `NotYet`): the roots of its perfect subtrees,
+/// largest first, and the feed position and receipt of its last leaf
+/// (`None` for the empty tree, or a leaf whose plan is gone).
+pub fn start_at(conn: &mut DbConn, size: u64) -> Result<Start, ProofError> {
+    let newest = latest_checkpoint(conn)?
+        .and_then(|c| u64::try_from(c.tree_size).ok())
+        .unwrap_or(0);
+    if size > newest {
+        return Err(ProofError::NotYet);
+    }
+    let mut indexes = Vec::new();
+    let mut start = 0u64;
+    for level in (0..64u8).rev() {
+        if size & (1 << level) != 0 {
+            indexes.push(tlog_tiles::stored_hash_index(level, start >> level));
+            start += 1 << level;
+        }
+    }
+    let edge = StoredHashes::new(conn)
+        .read_hashes(&indexes)
+        .map_err(|e| ProofError::Tree(e.to_string()))?;
+    let Some(last) = size.checked_sub(1).and_then(|n| i64::try_from(n).ok()) else {
+        return Ok((edge, None));
+    };
+    let receipt_id: String = with_conn!(conn, c => receipt_log::table
+        .filter(receipt_log::leaf_index.eq(last))
+        .select(receipt_log::receipt_id)
+        .first(c))?;
+    let position: Option<(i64, i64)> = with_conn!(conn, c => plans::table
+        .filter(plans::receipt_id.eq(&receipt_id))
+        .select((plans::feed_xid, plans::id))
+        .first(c)
+        .optional())?;
+    Ok((
+        edge,
+        position.map(|(xid, id)| (FeedPosition { xid, id }, receipt_id)),
+    ))
+}
+
 /// The newest checkpoint's size and what a tile of the log holds at it:
 /// the data of hash tile `Tile` (`None` beyond the tree).
 pub fn hash_tile(

@@ -225,6 +225,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "get",
         &["200", "400", "404", "503"],
     ),
+    ("/v1/checkpoint/start", "get", &["200", "400", "404", "503"]),
     ("/v1/log/checkpoint", "get", &["200", "404", "503"]),
     ("/v1/log/tile/{tile}", "get", &["200", "404", "503"]),
     ("/healthz", "get", &["200"]),

@@ -26,6 +26,8 @@ on_both_backends_sync!(
     an_expanded_plan_is_held_to_its_receipt,
     a_follower_says_how_far_behind_it_is,
     the_log_is_served_as_c2sp_tiles,
+    a_follower_starts_at_a_checkpoint_and_verifies_what_follows,
+    a_follower_with_no_checkpoint_trusts_the_first_it_sees_and_says_so,
     a_reader_waiting_for_a_checkpoint_gets_one_at_once,
     an_empty_page_moving_the_cursor_ahead_skips_nothing,
     receipts_withheld_by_an_empty_page_are_named,
@@ -138,8 +140,22 @@ fn follow_verified_with(
     limit: u32,
     more: &[&str],
 ) -> Run {
+    follow_verified_from(url, logged, cursor, limit, more, true)
+}
+
+/// As [`follow_verified_with`]; without `from_start`, a follower with no
+/// cursor file starts at a checkpoint.
+fn follow_verified_from(
+    url: &str,
+    logged: &Logged,
+    cursor: &str,
+    limit: u32,
+    more: &[&str],
+    from_start: bool,
+) -> Run {
     let cursor = logged.dir.path().join(cursor);
-    let args = follow_args(logged, &cursor, limit, more);
+    let mut args = follow_args(logged, &cursor, limit, more);
+    args.retain(|arg| from_start || arg != "--from-start");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = tool(&args, url, &logged.reader).output().expect("follow");
     let handed = String::from_utf8_lossy(&out.stdout)
@@ -709,6 +725,94 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
     ] {
         assert_eq!(cache(missing).0, 404, "{missing}");
     }
+}
+
+/// `--from-checkpoint FILE`: the follower trusts the checkpoint it is given
+/// (7 leaves), has the service prove where that tree ends, and hands on
+/// only the receipts after it, verified. A service that lies about the
+/// tree's edge, or hands a cursor to another place in the feed, is caught
+/// before anything is handed on.
+fn a_follower_starts_at_a_checkpoint_and_verifies_what_follows(db: TestDb) {
+    let logged = logged(&db);
+    let note = crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
+    let given = logged.dir.path().join("given.checkpoint");
+    std::fs::write(&given, &note).expect("save the checkpoint");
+    let planner = login_via_cli(&db.url, "planner-c", "plans:submit");
+    let after = write_plans(&logged.service, &planner, "after", 3);
+    let from = ["--from-checkpoint", path_arg(&given)];
+    let url = format!("http://{}", logged.service.addr);
+
+    let run = follow_verified_from(&url, &logged, "given.cursor", 2, &from, false);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed, after, "{}", run.stderr);
+    assert_eq!(run.verified, PLANS as u64 + 3);
+
+    let start_of_feed = {
+        let (status, body) =
+            crate::evidence::get_text(&logged.service.addr, None, "/v1/checkpoint/start?size=0");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).expect("json")["after"].clone()
+    };
+    type Lie = Box<dyn Fn(&mut Value) + Send + Sync>;
+    let lies: [(&str, Lie); 2] = [
+        (
+            "does not hash to the checkpoint's root",
+            Box::new(|start: &mut Value| start["edge"][0] = Value::from(BASE64_ZEROS)),
+        ),
+        (
+            "log index 7: the receipt handed there is not the log's leaf 7",
+            Box::new(move |start: &mut Value| start["after"] = start_of_feed.clone()),
+        ),
+    ];
+    for (n, (said, lie)) in lies.into_iter().enumerate() {
+        let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+            if !target.starts_with("/v1/checkpoint/start") {
+                return body;
+            }
+            let mut start: Value = serde_json::from_slice(&body).expect("json");
+            lie(&mut start);
+            serde_json::to_vec(&start).expect("json")
+        });
+        let run = follow_verified_from(
+            &proxy.url,
+            &logged,
+            &format!("lied-{n}.cursor"),
+            2,
+            &from,
+            false,
+        );
+        assert_eq!(run.code, Some(76), "{}", run.stderr);
+        assert!(run.handed.is_empty(), "{:?}", run.handed);
+        assert!(run.stderr.contains(said), "{}", run.stderr);
+    }
+}
+
+/// A hash of 32 zero bytes, base64.
+const BASE64_ZEROS: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
+/// With no cursor file, `--from-start` or `--from-checkpoint`, a verifying
+/// follower starts at the newest checkpoint, says that it trusts it, and
+/// verifies everything after it from there.
+fn a_follower_with_no_checkpoint_trusts_the_first_it_sees_and_says_so(db: TestDb) {
+    let logged = logged(&db);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
+    let url = format!("http://{}", logged.service.addr);
+    let first = follow_verified_from(&url, &logged, "trusting.cursor", 2, &[], false);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    assert!(first.handed.is_empty(), "{:?}", first.handed);
+    assert!(
+        first
+            .stderr
+            .contains("trusting the first checkpoint seen (7 receipts)"),
+        "{}",
+        first.stderr
+    );
+    let planner = login_via_cli(&db.url, "planner-d", "plans:submit");
+    let after = write_plans(&logged.service, &planner, "later", 2);
+    let second = follow_verified_from(&url, &logged, "trusting.cursor", 2, &[], false);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert_eq!(second.handed, after, "{}", second.stderr);
+    assert!(!second.stderr.contains("trusting"), "{}", second.stderr);
 }
 
 /// A verifying follower asks for the checkpoint holding its page with

@@ -45,8 +45,7 @@ use super::follow::{
 };
 use super::follow::{
     PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query, fresh_proof,
-    handed_again, judge_page, lines_of_proof, proof_of_saved, refuse_end_when_verifying,
-    retry_wait, start_of,
+    handed_again, judge_page, lines_of_proof, proof_of_saved, retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -189,6 +188,56 @@ impl AsyncClient {
         }
     }
 
+    /// Where a verifying follower with no cursor starts, as the blocking
+    /// follower finds it.
+    #[cfg(feature = "verify")]
+    async fn start_at_checkpoint(
+        &self,
+        options: &FollowOptions,
+        backoff: &super::Backoff,
+    ) -> Result<(FeedCursor, Proof), FollowError> {
+        use super::follow::{NEWEST_CHECKPOINT, start_from, start_query, starting_size};
+        let Some(keys) = &options.verify else {
+            return Err(no_proof());
+        };
+        let note = match &options.from_checkpoint {
+            Some(note) => note.clone(),
+            None => {
+                self.evidence(NEWEST_CHECKPOINT, backoff, |body| Ok(body.to_owned()))
+                    .await?
+            }
+        };
+        let size = starting_size(options, &note, keys)?;
+        let start = self
+            .evidence(&start_query(size), backoff, |body| {
+                serde_json::from_str(body).map_err(|e| e.to_string())
+            })
+            .await?;
+        start_from(&note, keys, &start)
+    }
+
+    /// One piece of public evidence, waited for as the blocking follower
+    /// waits for it.
+    #[cfg(feature = "verify")]
+    async fn evidence<T>(
+        &self,
+        query: &str,
+        backoff: &super::Backoff,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, FollowError> {
+        use super::follow::{Evidence, judge_evidence};
+        let url = format!("{}{query}", self.base);
+        let mut failures = 0u32;
+        loop {
+            failures += 1;
+            let exchange = Exchange::from_reqwest(self.get(&url).await).await;
+            match judge_evidence(exchange, query, backoff, failures, &parse)? {
+                Evidence::Answer(answer) => return Ok(answer),
+                Evidence::Wait(delay) => tokio::time::sleep(delay).await,
+            }
+        }
+    }
+
     /// A GET of `url` (public evidence: no token needed, none sent).
     #[cfg(feature = "verify")]
     async fn get(&self, url: &str) -> Result<reqwest::Response, reqwest::Error> {
@@ -260,8 +309,16 @@ where
     let (mut cursor, mut proof) = match start_of(options)? {
         Start::Saved(cursor, rest) => (Some(cursor), proof_of_saved(options, &rest)?),
         Start::First => (None, fresh_proof(options)),
+        #[cfg(feature = "verify")]
+        Start::AtEnd if options.verify.is_some() => {
+            let (cursor, proof) = client
+                .start_at_checkpoint(options, &backoff_of(options))
+                .await?;
+            super::follow::save_cursor(&options.cursor_file, &cursor, &lines_of_proof(&proof))?;
+            done.cursor_saved = true;
+            (Some(cursor), proof)
+        }
         Start::AtEnd => {
-            refuse_end_when_verifying(options)?;
             let end = client
                 .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
                 .await?;

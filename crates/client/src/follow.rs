@@ -45,10 +45,16 @@ pub struct FollowOptions {
     /// Hand on only receipts proven to be the signed log's next leaves,
     /// under these pinned keys (feature `verify`; see [`crate::verify`]).
     /// The proof so far is saved with each cursor. Starts at the feed's
-    /// first receipt (`from_start`) or from a cursor file a verifying
-    /// follower saved.
+    /// first receipt (`from_start`), from a cursor file a verifying
+    /// follower saved, or at a checkpoint (`from_checkpoint`).
     #[cfg(feature = "verify")]
     pub verify: Option<plan_intake_wire::evidence::TrustedKeys>,
+    /// Verifying, with no cursor file and not `from_start`: the checkpoint
+    /// (a signed note, as `GET /v1/checkpoint` answers it) to start from,
+    /// trusted to be the log's; the service proves where it ends. `None`:
+    /// the first checkpoint seen is trusted, and said so.
+    #[cfg(feature = "verify")]
+    pub from_checkpoint: Option<String>,
     /// Where the follower keeps how far behind the feed's end it is, for
     /// the caller to read while it runs (the blocking follower; the async
     /// one keeps none yet).
@@ -119,6 +125,8 @@ impl FollowOptions {
             retry_base: super::submit::DEFAULT_RETRY_BASE,
             #[cfg(feature = "verify")]
             verify: None,
+            #[cfg(feature = "verify")]
+            from_checkpoint: None,
             lag: None,
             lag_every: Self::DEFAULT_LAG_EVERY,
         }
@@ -483,7 +491,14 @@ impl Run<'_> {
             }
             Start::First => Ok(Some((None, false, fresh_proof(self.options)))),
             Start::AtEnd => {
-                refuse_end_when_verifying(self.options)?;
+                #[cfg(feature = "verify")]
+                if let Some(keys) = &self.options.verify {
+                    let Some((cursor, proof)) = self.start_at_checkpoint(keys)? else {
+                        return Ok(None);
+                    };
+                    save_cursor(&self.options.cursor_file, &cursor, &lines_of_proof(&proof))?;
+                    return Ok(Some((Some(cursor), true, proof)));
+                }
                 let Some(end) = self.fetch(Some(FeedCursor::NOW), Duration::ZERO)? else {
                     return Ok(None);
                 };
@@ -533,6 +548,56 @@ impl Run<'_> {
                 Err(FollowError::Unverified(located.unwrap_or(refused.message)))
             }
             Err(refused) => Err(FollowError::Unverified(refused.message)),
+        }
+    }
+
+    /// Where a verifying follower with no cursor starts: at the checkpoint
+    /// it was given, or the first it sees (trusted, and said so), once the
+    /// service proved where that checkpoint's tree ends. `None`: asked to
+    /// stop meanwhile.
+    #[cfg(feature = "verify")]
+    fn start_at_checkpoint(
+        &mut self,
+        keys: &plan_intake_wire::evidence::TrustedKeys,
+    ) -> Result<Option<(FeedCursor, Proof)>, FollowError> {
+        let note = match &self.options.from_checkpoint {
+            Some(note) => note.clone(),
+            None => match self.evidence(NEWEST_CHECKPOINT, |body| Ok(body.to_owned()))? {
+                Some(note) => note,
+                None => return Ok(None),
+            },
+        };
+        let size = starting_size(self.options, &note, keys)?;
+        let start = self.evidence(&start_query(size), |body| {
+            serde_json::from_str(body).map_err(|e| e.to_string())
+        })?;
+        start
+            .map(|start| start_from(&note, keys, &start))
+            .transpose()
+    }
+
+    /// One piece of public evidence, waited for while the service has
+    /// none yet or cannot answer. `None`: asked to stop meanwhile.
+    #[cfg(feature = "verify")]
+    fn evidence<T>(
+        &mut self,
+        query: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, FollowError> {
+        let mut failures = 0u32;
+        loop {
+            let Some(exchange) = self.get_unless_stopped(query, Duration::ZERO) else {
+                return Ok(None);
+            };
+            failures += 1;
+            match judge_evidence(exchange, query, &self.backoff, failures, &parse)? {
+                Evidence::Answer(answer) => return Ok(Some(answer)),
+                Evidence::Wait(delay) => {
+                    if pause_unless_stopped(self.stop, delay) {
+                        return Ok(None);
+                    }
+                }
+            }
         }
     }
 
@@ -737,12 +802,110 @@ pub(crate) fn judge_extension(
     }
 }
 
+/// The newest checkpoint, as a signed note.
+#[cfg(feature = "verify")]
+pub(crate) const NEWEST_CHECKPOINT: &str = "/v1/checkpoint";
+
+/// Where a verifying reader starts at the checkpoint of `size` leaves.
+#[cfg(feature = "verify")]
+pub(crate) fn start_query(size: u64) -> String {
+    format!("/v1/checkpoint/start?size={size}")
+}
+
+/// What one exchange for a piece of public evidence means.
+#[cfg(feature = "verify")]
+pub(crate) enum Evidence<T> {
+    Answer(T),
+    Wait(Duration),
+}
+
+/// The rules for a piece of public evidence (`query`), both APIs': an
+/// answer; one to wait out (none yet, no answer, 408, 429, 5xx); or one
+/// that will not change.
+#[cfg(feature = "verify")]
+pub(crate) fn judge_evidence<T>(
+    exchange: Exchange,
+    query: &str,
+    backoff: &Backoff,
+    failures: u32,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Evidence<T>, FollowError> {
+    let wait = |why: String, retry_after| {
+        Ok(Evidence::Wait(retry_wait(
+            backoff,
+            failures,
+            &format!("GET {query}: {why}"),
+            retry_after,
+        )))
+    };
+    match exchange {
+        Exchange::Answer(answer) if answer.status == 200 => {
+            parse(&answer.body).map(Evidence::Answer).map_err(|e| {
+                FollowError::Unverified(format!(
+                    "GET {query}: the service's answer is not one: {e}"
+                ))
+            })
+        }
+        Exchange::Answer(answer)
+            if answer.is_problem("not-logged-yet")
+                || matches!(answer.status, 408 | 429 | 500..=599) =>
+        {
+            wait(answer.summary(), answer.retry_after)
+        }
+        Exchange::NoAnswer(why) => wait(format!("no answer: {why}"), None),
+        Exchange::Unreachable(why) => Err(FollowError::Unexpected(format!(
+            "cannot reach the service: {why}"
+        ))),
+        Exchange::Answer(answer) => Err(FollowError::Unexpected(format!(
+            "GET {query}: {}",
+            answer.summary()
+        ))),
+    }
+}
+
+/// The size of the checkpoint a verifying follower starts at, its
+/// signature checked under the pinned keys; one it was not given is
+/// trusted as the first it saw, and said so.
+#[cfg(feature = "verify")]
+pub(crate) fn starting_size(
+    options: &FollowOptions,
+    note: &str,
+    keys: &plan_intake_wire::evidence::TrustedKeys,
+) -> Result<u64, FollowError> {
+    let checkpoint = plan_intake_wire::evidence::verify_checkpoint(note, keys).map_err(|e| {
+        FollowError::Unverified(format!("the starting checkpoint: signature check: {e}"))
+    })?;
+    if options.from_checkpoint.is_none() {
+        tracing::warn!(
+            origin = %checkpoint.origin,
+            "no cursor file and no --from-start: trusting the first checkpoint seen ({} receipts) as the log's; the {} receipts before it are not handed on, and the ones after it are verified against it. Pin one with --from-checkpoint FILE",
+            checkpoint.size,
+            checkpoint.size
+        );
+    }
+    Ok(checkpoint.size)
+}
+
+/// The cursor and proof a verifying follower starts with at the checkpoint
+/// `note`, from the service's answer where to start there.
+#[cfg(feature = "verify")]
+pub(crate) fn start_from(
+    note: &str,
+    keys: &plan_intake_wire::evidence::TrustedKeys,
+    start: &plan_intake_wire::evidence::CheckpointStart,
+) -> Result<(FeedCursor, Proof), FollowError> {
+    let verified = crate::verify::Verified::at_checkpoint(note, keys, start)
+        .map_err(|e| FollowError::Unverified(e.message))?;
+    Ok((start.after.clone(), Some(verified)))
+}
+
 /// A verifying follower with nothing proven to go on from (a bug: it
-/// starts at the feed's first receipt or from a cursor it saved).
+/// starts at the feed's first receipt, at a checkpoint, or from a cursor
+/// it saved).
 #[cfg(feature = "verify")]
 pub(crate) fn no_proof() -> FollowError {
     FollowError::Unverified(
-        "no proof to go on from: a verifying follower starts at the feed's first receipt or from a cursor it saved".to_owned(),
+        "no proof to go on from: a verifying follower starts at the feed's first receipt, at a checkpoint, or from a cursor it saved".to_owned(),
     )
 }
 
@@ -898,11 +1061,11 @@ pub(crate) fn proof_of_saved(options: &FollowOptions, rest: &str) -> Result<Proo
     match crate::verify::Verified::from_lines(rest) {
         Ok(Some(proof)) => Ok(Some(proof)),
         Ok(None) => Err(FollowError::BadCursor(format!(
-            "cursor file {} was saved by a follower that did not verify: what it handed on was never proven, so verification cannot start there. Remove the file and pass --from-start to verify the whole feed",
+            "cursor file {} was saved by a follower that did not verify: what it handed on was never proven, so verification cannot start there. Remove the file and pass --from-start to verify the whole feed, or --from-checkpoint FILE to start at a checkpoint",
             options.cursor_file.display()
         ))),
         Err(why) => Err(FollowError::BadCursor(format!(
-            "cursor file {} holds no proof a verifying follower can go on from ({why}): remove it and pass --from-start to verify the whole feed",
+            "cursor file {} holds no proof a verifying follower can go on from ({why}): remove it and pass --from-start to verify the whole feed, or --from-checkpoint FILE to start at a checkpoint",
             options.cursor_file.display()
         ))),
     }
@@ -921,20 +1084,6 @@ fn verifying(options: &FollowOptions) -> bool {
         let _ = options;
         false
     }
-}
-
-/// A verifying follower starts at the feed's first receipt: from its end
-/// it would have to trust the tree before it.
-pub(crate) fn refuse_end_when_verifying(options: &FollowOptions) -> Result<(), FollowError> {
-    #[cfg(feature = "verify")]
-    if options.verify.is_some() {
-        return Err(FollowError::Options(format!(
-            "a verifying follower starts at the feed's first receipt: pass --from-start (cursor file {} does not exist yet)",
-            options.cursor_file.display()
-        )));
-    }
-    let _ = options;
-    Ok(())
 }
 
 /// The wait before a page whose handling failed (`why`) is handed on

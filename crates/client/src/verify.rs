@@ -282,6 +282,39 @@ impl Verified {
         Ok(state)
     }
 
+    /// The proof at a checkpoint the reader trusts (`note`, its signature
+    /// checked under `keys`), from the service's answer where to start
+    /// there: its edge must hash to the checkpoint's root. Receipts before
+    /// it are not verified; the ones after it are, as from the start.
+    pub fn at_checkpoint(
+        note: &str,
+        keys: &TrustedKeys,
+        start: &plan_intake_wire::evidence::CheckpointStart,
+    ) -> Result<Verified, Unverified> {
+        let checkpoint = verify_checkpoint(note, keys)
+            .map_err(|e| unverified(format!("the starting checkpoint: signature check: {e}")))?;
+        let size = checkpoint.size;
+        let fail = |check: &str| {
+            unverified(format!(
+                "log index {size} (the starting checkpoint's end; nothing handed on): {check}"
+            ))
+        };
+        let edge = parse_proof(&start.edge).map_err(|e| fail(&format!("the tree's edge: {e}")))?;
+        let state = Verified {
+            size,
+            edge,
+            checkpoint: Some((size, checkpoint.root, checkpoint.origin)),
+        };
+        if state.edge.len() != size.count_ones() as usize
+            || state.root().unwrap_or(tlog_tiles::EMPTY_HASH) != checkpoint.root
+        {
+            return Err(fail(
+                "the service's edge of the tree does not hash to the checkpoint's root",
+            ));
+        }
+        Ok(state)
+    }
+
     /// An empty page after this proof: refused while a checkpoint met
     /// before holds receipts beyond it (an honest feed gives every logged
     /// receipt; this one withholds some, or its cursor moved).

@@ -215,6 +215,22 @@ pub struct CheckpointExtension {
     pub since_proof: Option<Vec<String>>,
 }
 
+/// `GET /v1/checkpoint/start?size=N`: where a verifying reader starts at
+/// a checkpoint of N leaves it trusts. Nothing here need be trusted: the
+/// edge is held to the checkpoint's root, and a cursor elsewhere hands
+/// receipts that are not the leaves after N.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CheckpointStart {
+    /// The roots of the perfect subtrees of the tree of N leaves, largest
+    /// (leftmost) first, base64: they hash together to its root
+    pub edge: Vec<String>,
+    /// The feed cursor after leaf N - 1 (the leaf index is the feed
+    /// position): `after` for the page that starts at leaf N
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub after: crate::feed::FeedCursor,
+}
+
 /// A checkpoint whose signature holds under trusted keys.
 #[derive(Debug, Clone)]
 pub struct VerifiedCheckpoint {
