@@ -116,7 +116,7 @@ pub async fn extension(
         .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
         .into_inner();
     let wait =
-        plan_intake_wire::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
+        crate::intake::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let deadline = super::deadline::of(&req, &state);
     let extension = extension_or_wait(&state, query.size, query.since, wait, deadline)
         .await?
