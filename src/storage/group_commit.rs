@@ -48,9 +48,9 @@ struct Slot {
 struct Queue {
     waiting: Vec<Arc<Slot>>,
     leading: bool,
-    /// Another writer of this file (the receipt log's appender) waits for
-    /// its turn: no new batch begins until it has had it.
-    turn_wanted: bool,
+    /// Other writers of this file (the receipt log's appender) waiting for
+    /// their turn: no new batch begins until each has had it.
+    turns_wanted: usize,
 }
 
 pub struct WriteQueue {
@@ -127,7 +127,7 @@ impl WriteQueue {
             if let Some(result) = lock(&slot.result).take() {
                 return result;
             }
-            if queue.leading || queue.turn_wanted {
+            if queue.leading || queue.turns_wanted > 0 {
                 let left = slot.deadline.remaining();
                 if left.is_zero() {
                     // Still queued: leave unwritten. Already in the batch
@@ -182,14 +182,14 @@ impl WriteQueue {
             }
         }
         let mut queue = lock(&self.queue);
-        queue.turn_wanted = true;
+        queue.turns_wanted += 1;
         while queue.leading {
             queue = self
                 .done
                 .wait(queue)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        queue.turn_wanted = false;
+        queue.turns_wanted -= 1;
         queue.leading = true;
         drop(queue);
         let _turn = Turn(self);

@@ -168,8 +168,6 @@ impl Database {
         &self.pool
     }
 
-    /// A pooled connection, or `Unavailable` when none frees up within the
-    /// checkout timeout. Call only from blocking code (`web::block`).
     /// Runs `write`, a writer outside the plans' write path (the receipt
     /// log's appender): on SQLite between two group-commit batches, so it
     /// is not starved by them; on Postgres as it is.
@@ -180,6 +178,8 @@ impl Database {
         }
     }
 
+    /// A pooled connection, or `Unavailable` when none frees up within the
+    /// checkout timeout. Call only from blocking code (`web::block`).
     pub fn conn(&self) -> Result<PooledConn, StorageError> {
         self.checkout(self.checkout_timeout)
     }
