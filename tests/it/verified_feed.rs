@@ -785,6 +785,37 @@ fn a_follower_starts_at_a_checkpoint_and_verifies_what_follows(db: TestDb) {
         assert!(run.handed.is_empty(), "{:?}", run.handed);
         assert!(run.stderr.contains(said), "{}", run.stderr);
     }
+
+    // A service whose newest checkpoint is older than the one given (a
+    // restore took its log back): refused at once, nothing saved.
+    let later = crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64 + 3);
+    let later_file = logged.dir.path().join("later.checkpoint");
+    std::fs::write(&later_file, &later).expect("save the checkpoint");
+    let older = note.clone();
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        if target == "/v1/checkpoint" {
+            older.clone().into_bytes()
+        } else {
+            body
+        }
+    });
+    let run = follow_verified_from(
+        &proxy.url,
+        &logged,
+        "rolled-back.cursor",
+        2,
+        &["--from-checkpoint", path_arg(&later_file)],
+        false,
+    );
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(run.handed.is_empty(), "{:?}", run.handed);
+    assert!(
+        run.stderr.contains(&format!("log index {}", PLANS + 3))
+            && run.stderr.contains("its log was rolled back"),
+        "{}",
+        run.stderr
+    );
+    assert!(!logged.dir.path().join("rolled-back.cursor").exists());
 }
 
 /// A hash of 32 zero bytes, base64.

@@ -196,7 +196,9 @@ impl AsyncClient {
         options: &FollowOptions,
         backoff: &super::Backoff,
     ) -> Result<(FeedCursor, Proof), FollowError> {
-        use super::follow::{NEWEST_CHECKPOINT, start_from, start_query, starting_size};
+        use super::follow::{
+            NEWEST_CHECKPOINT, start_from, start_query, starting_size, still_held,
+        };
         let Some(keys) = &options.verify else {
             return Err(no_proof());
         };
@@ -208,6 +210,12 @@ impl AsyncClient {
             }
         };
         let size = starting_size(options, &note, keys)?;
+        if options.from_checkpoint.is_some() {
+            let newest = self
+                .evidence(NEWEST_CHECKPOINT, backoff, |body| Ok(body.to_owned()))
+                .await?;
+            still_held(&note, &newest, keys)?;
+        }
         let start = self
             .evidence(&start_query(size), backoff, |body| {
                 serde_json::from_str(body).map_err(|e| e.to_string())

@@ -568,6 +568,12 @@ impl Run<'_> {
             },
         };
         let size = starting_size(self.options, &note, keys)?;
+        if self.options.from_checkpoint.is_some() {
+            let Some(newest) = self.evidence(NEWEST_CHECKPOINT, |body| Ok(body.to_owned()))? else {
+                return Ok(None);
+            };
+            still_held(&note, &newest, keys)?;
+        }
         let start = self.evidence(&start_query(size), |body| {
             serde_json::from_str(body).map_err(|e| e.to_string())
         })?;
@@ -884,6 +890,49 @@ pub(crate) fn starting_size(
         );
     }
     Ok(checkpoint.size)
+}
+
+/// A checkpoint given to start at (`given`) is one the service's log still
+/// holds: its newest checkpoint has as many leaves or more, under the same
+/// name, and the same root at the same size. Fewer is a log rolled back (a
+/// restore, a failover that lost commits) or another deployment's; the
+/// start asked for at `given` would never come.
+#[cfg(feature = "verify")]
+pub(crate) fn still_held(
+    given: &str,
+    newest: &str,
+    keys: &plan_intake_wire::evidence::TrustedKeys,
+) -> Result<(), FollowError> {
+    use plan_intake_wire::evidence::verify_checkpoint;
+    let given = verify_checkpoint(given, keys).map_err(|e| {
+        FollowError::Unverified(format!("the starting checkpoint: signature check: {e}"))
+    })?;
+    let at = format!(
+        "log index {} (the starting checkpoint's end; nothing handed on)",
+        given.size
+    );
+    let newest = verify_checkpoint(newest, keys).map_err(|e| {
+        FollowError::Unverified(format!(
+            "{at}: the service's newest checkpoint: signature check: {e}"
+        ))
+    })?;
+    let refused = if newest.origin != given.origin {
+        format!(
+            "the service's newest checkpoint is of the log {:?}, not {:?}: another deployment's",
+            newest.origin, given.origin
+        )
+    } else if newest.size < given.size {
+        format!(
+            "the service's newest checkpoint holds {} receipts, fewer than the checkpoint given: its log was rolled back (a restore, or a failover that lost commits)",
+            newest.size
+        )
+    } else if newest.size == given.size && newest.root != given.root {
+        "the service's newest checkpoint of the same size has another root: the log forked"
+            .to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(FollowError::Unverified(format!("{at}: {refused}")))
 }
 
 /// The cursor and proof a verifying follower starts with at the checkpoint
