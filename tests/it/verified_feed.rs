@@ -924,12 +924,18 @@ async fn an_async_follower_verifies_too() {
         ..FollowOptions::new(logged.dir.path().join(cursor))
     };
     let run = |url: String, cursor: &'static str| {
-        let options = options(cursor);
+        let lag = Arc::new(plan_intake_client::Lag::default());
+        let options = FollowOptions {
+            lag: Some(lag.clone()),
+            ..options(cursor)
+        };
         let reader = logged.reader.clone();
         async move {
             let client = AsyncClient::new(&url, &reader).expect("a client");
             let handed = std::sync::Mutex::new(Vec::<String>::new());
+            let behind = std::sync::Mutex::new(Vec::new());
             let ended = follow(&client, &options, |page| {
+                behind.lock().expect("behind").push(lag.receipts());
                 let ids: Vec<String> = page
                     .receipts
                     .iter()
@@ -942,13 +948,23 @@ async fn an_async_follower_verifies_too() {
                 async { Ok::<(), String>(()) }
             })
             .await;
-            (ended, handed.into_inner().expect("handed"))
+            let behind = behind.into_inner().expect("behind");
+            (ended, handed.into_inner().expect("handed"), behind, lag)
         }
     };
 
-    let (ended, handed) = run(format!("http://{}", logged.service.addr), "async.cursor").await;
+    let (ended, handed, behind, lag) =
+        run(format!("http://{}", logged.service.addr), "async.cursor").await;
     assert!(ended.is_ok(), "{ended:?}");
     assert_eq!(handed, logged.ids);
+    // How far behind, read by the caller while it follows: unknown before
+    // the first page, then the receipts the log holds beyond the last one
+    // handed on, and none at the end.
+    let expected: Vec<Option<u64>> = std::iter::once(None)
+        .chain((1..PLANS.div_ceil(2)).map(|page| Some((PLANS - 2 * page) as u64)))
+        .collect();
+    assert_eq!(behind, expected);
+    assert_eq!(lag.receipts(), Some(0));
 
     let ids = Arc::new(logged.ids.clone());
     let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
@@ -958,7 +974,7 @@ async fn an_async_follower_verifies_too() {
             body
         }
     });
-    let (ended, handed) = run(proxy.url.clone(), "async-dropped.cursor").await;
+    let (ended, handed, _, _) = run(proxy.url.clone(), "async-dropped.cursor").await;
     match ended {
         Err(FollowError::Unverified(why)) => assert!(why.contains("log index 3"), "{why}"),
         other => panic!("not refused: {other:?}"),

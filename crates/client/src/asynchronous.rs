@@ -44,8 +44,9 @@ use super::follow::{
     EXTENSION_WAIT_SECS, ExtensionVerdict, extension_query, judge_extension, no_proof,
 };
 use super::follow::{
-    PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query, fresh_proof,
-    handed_again, judge_page, lines_of_proof, proof_of_saved, retry_wait, start_of,
+    LagReport, PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query,
+    fresh_proof, handed_again, judge_page, lines_of_proof, logged_beyond, proof_of_saved,
+    retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -335,6 +336,7 @@ where
             (cursor, fresh_proof(options))
         }
     };
+    let mut lag = LagReport::new(options);
     loop {
         let page = client
             .fetch(
@@ -345,6 +347,7 @@ where
             .await?;
         if page.receipts.is_empty() {
             check_empty(&proof)?;
+            lag.at_end();
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain {
                 return Ok(done);
@@ -359,6 +362,7 @@ where
             tokio::time::sleep(handed_again(&backoff, failures, page.receipts.len(), &why)).await;
         }
         proof = proven;
+        lag.handed_on(&page, logged_beyond(&proof));
         done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;
     }
 }

@@ -56,8 +56,7 @@ pub struct FollowOptions {
     #[cfg(feature = "verify")]
     pub from_checkpoint: Option<String>,
     /// Where the follower keeps how far behind the feed's end it is, for
-    /// the caller to read while it runs (the blocking follower; the async
-    /// one keeps none yet).
+    /// the caller to read while it runs (both followers).
     pub lag: Option<std::sync::Arc<Lag>>,
     /// How often that is told at INFO (`following: … behind the feed's end`).
     pub lag_every: Duration,
@@ -959,14 +958,14 @@ pub(crate) fn no_proof() -> FollowError {
 }
 
 /// Keeps [`Lag`] up to date and tells it every `lag_every`.
-struct LagReport<'a> {
+pub(crate) struct LagReport<'a> {
     options: &'a FollowOptions,
     lag: std::sync::Arc<Lag>,
     told: Option<std::time::Instant>,
 }
 
 impl<'a> LagReport<'a> {
-    fn new(options: &'a FollowOptions) -> Self {
+    pub(crate) fn new(options: &'a FollowOptions) -> Self {
         Self {
             options,
             lag: options.lag.clone().unwrap_or_default(),
@@ -975,13 +974,13 @@ impl<'a> LagReport<'a> {
     }
 
     /// An empty page: the follower stands at the feed's end.
-    fn at_end(&mut self) {
+    pub(crate) fn at_end(&mut self) {
         self.lag.set(Some(0), Duration::ZERO);
         self.tell();
     }
 
     /// A page handed on; `logged_beyond`: receipts the log held past it.
-    fn handed_on(&mut self, page: &Page, logged_beyond: Option<u64>) {
+    pub(crate) fn handed_on(&mut self, page: &Page, logged_beyond: Option<u64>) {
         if page.receipts.len() < self.options.limit as usize {
             // Short of its limit: the page reached the feed's end.
             self.lag.set(Some(0), Duration::ZERO);
@@ -1039,12 +1038,12 @@ fn received_at(entry: &RawValue) -> Option<std::time::SystemTime> {
 
 /// Receipts the log held past the last one handed on (verifying only).
 #[cfg(feature = "verify")]
-fn logged_beyond(proof: &Proof) -> Option<u64> {
+pub(crate) fn logged_beyond(proof: &Proof) -> Option<u64> {
     let proof = proof.as_ref()?;
     Some(proof.logged()?.saturating_sub(proof.size))
 }
 #[cfg(not(feature = "verify"))]
-fn logged_beyond(_proof: &Proof) -> Option<u64> {
+pub(crate) fn logged_beyond(_proof: &Proof) -> Option<u64> {
     None
 }
 
