@@ -28,6 +28,7 @@ on_both_backends_sync!(
     the_log_is_served_as_c2sp_tiles,
     a_follower_starts_at_a_checkpoint_and_verifies_what_follows,
     a_follower_with_no_checkpoint_trusts_the_first_it_sees_and_says_so,
+    a_receipt_under_a_key_that_cosigns_nothing_is_named,
     a_reader_waiting_for_a_checkpoint_gets_one_at_once,
     an_empty_page_moving_the_cursor_ahead_skips_nothing,
     receipts_withheld_by_an_empty_page_are_named,
@@ -423,6 +424,38 @@ fn rows_edited_or_deleted_after_they_were_logged_are_named(db: TestDb) {
     );
     let run = follow_verified(&url, &logged, "deleted.cursor", 2);
     refused_at(&run, 3, 2, &logged.ids);
+}
+
+/// A plan written around the service under a key nobody pinned (a DBA's
+/// row: the log takes what the table holds) would pass as a rotation's new
+/// key; its key co-signs no checkpoint, so it is named.
+fn a_receipt_under_a_key_that_cosigns_nothing_is_named(db: TestDb) {
+    let logged = logged(&db);
+    let zeros = BASE64_ZEROS.trim_end_matches('=').repeat(2);
+    tamper(
+        &db,
+        &format!(
+            "{};
+             UPDATE plans SET receipt_signature = 'bogus+00000000 {zeros}=='
+              WHERE receipt_id = 'rcpt_by_hand';",
+            crate::support::hand_written_plan_sql(
+                "rcpt_by_hand",
+                "planner-a",
+                "'by-hand'",
+                "blake3:by-hand"
+            ),
+        ),
+    );
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64 + 1);
+    let url = format!("http://{}", logged.service.addr);
+    let run = follow_verified(&url, &logged, "by-hand.cursor", 2);
+    refused_at(&run, PLANS, PLANS - 1, &logged.ids);
+    assert!(
+        run.stderr
+            .contains("signed by key bogus+00000000, which the reader does not pin"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// Another deployment signing with the same key (so under the same derived

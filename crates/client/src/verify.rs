@@ -4,8 +4,10 @@
 //! the reader; nothing the service says at run time adds one.
 //!
 //! A receipt signed by a key the reader has not pinned (the new key of a
-//! rotation) is held to its leaf alone: the checkpoints carry the old
-//! key's signature beside the new one's while it is rotated out.
+//! rotation) is held to its leaf, and its key to the checkpoint's
+//! co-signers: the checkpoints carry the old key's signature beside the
+//! new one's while it is rotated out; a key made up by a row written
+//! around the service co-signs nothing.
 //!
 //! What it holds between pages ([`Verified`], saved with the cursor): how
 //! many leaves it handed on, the right edge of their tree (the roots of
@@ -66,6 +68,9 @@ pub struct Extended {
     after: Verified,
     /// The leaves' hashes, in order (to locate a failure).
     leaves: Vec<Hash>,
+    /// Receipts signed by a key the reader does not pin: log index,
+    /// receipt id, key id. Each key must co-sign the checkpoint.
+    unpinned: Vec<(u64, String, String)>,
 }
 
 impl Extended {
@@ -338,6 +343,7 @@ impl Verified {
     ) -> Result<Extended, Unverified> {
         let mut after = self.clone();
         let mut leaves = Vec::with_capacity(entries.len());
+        let mut unpinned = Vec::new();
         for entry in entries {
             let index = after.size;
             let receipt = receipt_of(entry, expand)
@@ -348,10 +354,14 @@ impl Verified {
                 ))
             })?;
             match verify_receipt_form(&receipt, &leaf, keys) {
+                Ok(()) => {}
                 // A key the reader has not pinned yet (a rotation's new
                 // one): the receipt is still held to the leaf a checkpoint
-                // signed by a pinned key proves, like every other.
-                Ok(()) | Err(BadSignature::UnknownKey(_)) => {}
+                // signed by a pinned key proves, like every other, and the
+                // key to that checkpoint's co-signers.
+                Err(BadSignature::UnknownKey(key_id)) => {
+                    unpinned.push((index, receipt.receipt_id.clone(), key_id));
+                }
                 Err(e) => {
                     return Err(unverified(format!(
                         "log index {index} (receipt {}): signature check: {e}",
@@ -367,6 +377,7 @@ impl Verified {
             before: self.clone(),
             after,
             leaves,
+            unpinned,
         })
     }
 
@@ -422,6 +433,18 @@ impl Verified {
                 ),
                 locatable: true,
             });
+        }
+        // A receipt written around the service is logged as it stands;
+        // one under a made-up key would pass as a rotation's: its key
+        // must be one the log's signer co-signs with.
+        if let Some((index, receipt_id, key_id)) = extended
+            .unpinned
+            .iter()
+            .find(|(_, _, key_id)| !checkpoint.unchecked_signers.contains(key_id))
+        {
+            return Err(unverified(format!(
+                "log index {index} (receipt {receipt_id}): signed by key {key_id}, which the reader does not pin and the log's checkpoint is not co-signed by: written around the service, or a key to pin (GET /v1/signing-keys lists every key that signed)"
+            )));
         }
         proven.checkpoint = Some((size, root, checkpoint.origin));
         Ok(proven)

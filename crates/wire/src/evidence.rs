@@ -242,6 +242,10 @@ pub struct VerifiedCheckpoint {
     pub root: Hash,
     /// Who signed it (`name+id`, each verified).
     pub signers: Vec<String>,
+    /// Whose signatures it also carries, by keys not trusted (`name+id`,
+    /// unchecked: what the log's signer says co-signs, as a rotation's new
+    /// key does; the lines are outside what a signature covers).
+    pub unchecked_signers: Vec<String>,
 }
 
 /// `note` as a checkpoint signed by at least one of `keys`, every
@@ -251,7 +255,7 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
     let parsed = signed_note::Note::from_bytes(note.as_bytes())
         .map_err(|e| format!("not a signed note: {e}"))?;
     let verifiers = keys.note_verifiers();
-    let (signed, _) = parsed
+    let (signed, unchecked) = parsed
         .verify(&verifiers)
         .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
     // The reader above checks one signature per key; every one must hold.
@@ -283,6 +287,10 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
         size: checkpoint.size(),
         root: *checkpoint.hash(),
         signers: signed
+            .iter()
+            .map(|s| format!("{}+{:08x}", s.name(), s.id()))
+            .collect(),
+        unchecked_signers: unchecked
             .iter()
             .map(|s| format!("{}+{:08x}", s.name(), s.id()))
             .collect(),
