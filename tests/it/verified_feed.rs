@@ -28,7 +28,7 @@ on_both_backends_sync!(
     the_log_is_served_as_c2sp_tiles,
     a_follower_starts_at_a_checkpoint_and_verifies_what_follows,
     a_follower_with_no_checkpoint_trusts_the_first_it_sees_and_says_so,
-    a_receipt_under_a_key_that_cosigns_nothing_is_named,
+    a_receipt_under_a_key_nobody_published_is_named,
     a_reader_waiting_for_a_checkpoint_gets_one_at_once,
     an_empty_page_moving_the_cursor_ahead_skips_nothing,
     receipts_withheld_by_an_empty_page_are_named,
@@ -426,36 +426,86 @@ fn rows_edited_or_deleted_after_they_were_logged_are_named(db: TestDb) {
     refused_at(&run, 3, 2, &logged.ids);
 }
 
+/// `service` restarted, signing with `keys` (the first signs receipts).
+fn restart_signing_with(service: ServeProcess, db: &TestDb, keys: &[&Path]) -> ServeProcess {
+    let args: Vec<&str> = keys
+        .iter()
+        .flat_map(|key| ["--signing-key", path_arg(key)])
+        .collect();
+    service.terminate();
+    ServeProcess::start_with(&db.url, &args)
+}
+
+/// SQL: a plan `rcpt_by_hand` written around the service, its receipt
+/// claiming a signature by `key_id` (of zeros).
+fn by_hand_under(key_id: &str) -> String {
+    format!(
+        "{};
+         {}",
+        crate::support::hand_written_plan_sql(
+            "rcpt_by_hand",
+            "planner-a",
+            "'by-hand'",
+            "blake3:by-hand"
+        ),
+        signed_as_by_hand(key_id)
+    )
+}
+
+/// SQL: `rcpt_by_hand`'s receipt now claims a signature by `key_id`.
+fn signed_as_by_hand(key_id: &str) -> String {
+    let zeros = BASE64_ZEROS.trim_end_matches('=').repeat(2);
+    format!(
+        "UPDATE plans SET receipt_signature = '{key_id} {zeros}=='
+          WHERE receipt_id = 'rcpt_by_hand';"
+    )
+}
+
 /// A plan written around the service under a key nobody pinned (a DBA's
 /// row: the log takes what the table holds) would pass as a rotation's new
-/// key; its key co-signs no checkpoint, so it is named.
-fn a_receipt_under_a_key_that_cosigns_nothing_is_named(db: TestDb) {
-    let logged = logged(&db);
-    let zeros = BASE64_ZEROS.trim_end_matches('=').repeat(2);
-    tamper(
-        &db,
-        &format!(
-            "{};
-             UPDATE plans SET receipt_signature = 'bogus+00000000 {zeros}=='
-              WHERE receipt_id = 'rcpt_by_hand';",
-            crate::support::hand_written_plan_sql(
-                "rcpt_by_hand",
-                "planner-a",
-                "'by-hand'",
-                "blake3:by-hand"
-            ),
-        ),
-    );
+/// key; the service publishes no such key, so it is named.
+fn a_receipt_under_a_key_nobody_published_is_named(db: TestDb) {
+    let mut logged = logged(&db);
+    // The service also holds a second key (a rotation's), which it
+    // publishes and the reader does not pin.
+    let old = logged.dir.path().join("k1");
+    let new = generate_key(logged.dir.path(), "k2");
+    let new_id = {
+        let public = std::fs::read_to_string(format!("{}.pub", new.display())).expect("public key");
+        let mut parts = public.trim().split('+');
+        format!(
+            "{}+{}",
+            parts.next().expect("a name"),
+            parts.next().expect("an id")
+        )
+    };
+    logged.service = restart_signing_with(logged.service, &db, &[&old, &new]);
+    // Under the published key, a signature that does not hold.
+    tamper(&db, &by_hand_under(&new_id));
     crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64 + 1);
     let url = format!("http://{}", logged.service.addr);
-    let run = follow_verified(&url, &logged, "by-hand.cursor", 2);
-    refused_at(&run, PLANS, PLANS - 1, &logged.ids);
-    assert!(
-        run.stderr
-            .contains("signed by key bogus+00000000, which the reader does not pin"),
-        "{}",
-        run.stderr
-    );
+    let cases = [
+        (
+            "forged.cursor",
+            None,
+            "signature check under the key the service publishes",
+        ),
+        // Under a key nobody published (the signature is not in the leaf,
+        // so the log still holds the row).
+        (
+            "by-hand.cursor",
+            Some(signed_as_by_hand("bogus+00000000")),
+            "signed by key bogus+00000000, which the reader does not pin and GET /v1/signing-keys does not list",
+        ),
+    ];
+    for (cursor, edit, said) in cases {
+        if let Some(edit) = edit {
+            tamper(&db, &edit);
+        }
+        let run = follow_verified(&url, &logged, cursor, 2);
+        refused_at(&run, PLANS, PLANS - 1, &logged.ids);
+        assert!(run.stderr.contains(said), "{}", run.stderr);
+    }
 }
 
 /// Another deployment signing with the same key (so under the same derived
@@ -599,16 +649,7 @@ fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
 
     let old = logged.dir.path().join("k1");
     let new = generate_key(logged.dir.path(), "k2");
-    logged.service.terminate();
-    logged.service = ServeProcess::start_with(
-        &db.url,
-        &[
-            "--signing-key",
-            path_arg(&new),
-            "--signing-key",
-            path_arg(&old),
-        ],
-    );
+    logged.service = restart_signing_with(logged.service, &db, &[&new, &old]);
     let rotated = write_plans(&logged.service, &planner, "rotated", 3);
     let note = crate::evidence::checkpoint_of_at_least(&logged.service.addr, (PLANS + 3) as u64);
     assert_eq!(
@@ -1013,4 +1054,21 @@ async fn an_async_follower_verifies_too() {
         other => panic!("not refused: {other:?}"),
     }
     assert_eq!(handed, logged.ids[..3]);
+
+    // A row written around the service under a key nobody published.
+    tamper(&db, &by_hand_under("bogus+00000000"));
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64 + 1);
+    let (ended, handed, _, _) = run(
+        format!("http://{}", logged.service.addr),
+        "async-by-hand.cursor",
+    )
+    .await;
+    match ended {
+        Err(FollowError::Unverified(why)) => assert!(
+            why.contains(&format!("log index {PLANS}")) && why.contains("does not list"),
+            "{why}"
+        ),
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(handed, logged.ids[..PLANS - 1]);
 }

@@ -62,6 +62,11 @@ pub struct AsyncClient {
     base: String,
     authorization: String,
     http: reqwest::Client,
+    /// What `GET /v1/signing-keys` answered, asked once a receipt under a
+    /// key the reader does not pin appears (not trusted: see
+    /// `Extended::check_unpinned`).
+    #[cfg(feature = "verify")]
+    published: std::sync::Arc<std::sync::Mutex<Option<plan_intake_wire::evidence::TrustedKeys>>>,
 }
 
 impl std::fmt::Debug for AsyncClient {
@@ -88,6 +93,8 @@ impl AsyncClient {
             base,
             authorization,
             http,
+            #[cfg(feature = "verify")]
+            published: std::sync::Arc::default(),
         })
     }
 
@@ -166,7 +173,10 @@ impl AsyncClient {
             }
         };
         match Verified::prove(&extended, &answer, keys) {
-            Ok(proven) => Ok(Some(proven)),
+            Ok(proven) => {
+                self.check_unpinned(&extended, backoff).await?;
+                Ok(Some(proven))
+            }
             Err(refused) if refused.locatable => {
                 let mut locator = extended.locator(keys);
                 while let Some(size) = locator.next_size() {
@@ -186,6 +196,44 @@ impl AsyncClient {
                 Err(FollowError::Unverified(locator.found()))
             }
             Err(refused) => Err(FollowError::Unverified(refused.message)),
+        }
+    }
+
+    /// The page's receipts under keys the reader does not pin, held to
+    /// the keys the service publishes (asked for once such a key appears).
+    #[cfg(feature = "verify")]
+    async fn check_unpinned(
+        &self,
+        extended: &crate::verify::Extended,
+        backoff: &super::Backoff,
+    ) -> Result<(), FollowError> {
+        use super::follow::{PUBLISHED_KEYS, parse_published};
+        if extended.unpinned_known(None) {
+            // No receipt under a key the reader does not pin.
+            return Ok(());
+        }
+        let cached = self
+            .published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let published = if extended.unpinned_known(cached.as_ref()) {
+            cached
+        } else {
+            let fetched = self
+                .evidence(PUBLISHED_KEYS, backoff, parse_published)
+                .await?;
+            *self
+                .published
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fetched.clone());
+            Some(fetched)
+        };
+        match published {
+            Some(published) => extended
+                .check_unpinned(&published)
+                .map_err(|e| FollowError::Unverified(e.message)),
+            None => Ok(()),
         }
     }
 

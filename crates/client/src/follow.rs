@@ -221,6 +221,8 @@ pub fn follow(
         options,
         stop,
         backoff: backoff_of(options),
+        #[cfg(feature = "verify")]
+        published: None,
     };
     check_options(options)?;
     let mut done = Followed::default();
@@ -469,6 +471,11 @@ struct Run<'a> {
     options: &'a FollowOptions,
     stop: &'a AtomicBool,
     backoff: Backoff,
+    /// What `GET /v1/signing-keys` answered, asked once a receipt under a
+    /// key the reader does not pin appears (not trusted: see
+    /// `Extended::check_unpinned`).
+    #[cfg(feature = "verify")]
+    published: Option<plan_intake_wire::evidence::TrustedKeys>,
 }
 
 impl Run<'_> {
@@ -533,7 +540,20 @@ impl Run<'_> {
             return Ok(None);
         };
         match Verified::prove(&extended, &answer, keys) {
-            Ok(proven) => Ok(Some(Some(proven))),
+            Ok(proven) => {
+                if !extended.unpinned_known(self.published.as_ref()) {
+                    let Some(published) = self.evidence(PUBLISHED_KEYS, parse_published)? else {
+                        return Ok(None);
+                    };
+                    self.published = Some(published);
+                }
+                if let Some(published) = &self.published {
+                    extended
+                        .check_unpinned(published)
+                        .map_err(|e| FollowError::Unverified(e.message))?;
+                }
+                Ok(Some(Some(proven)))
+            }
             Err(refused) if refused.locatable => {
                 let located = extended.locate(keys, |size| {
                     let query = extension_query(size, "", 0);
@@ -810,6 +830,18 @@ pub(crate) fn judge_extension(
 /// The newest checkpoint, as a signed note.
 #[cfg(feature = "verify")]
 pub(crate) const NEWEST_CHECKPOINT: &str = "/v1/checkpoint";
+
+/// Every key that signed, as the service publishes them (not trusted).
+#[cfg(feature = "verify")]
+pub(crate) const PUBLISHED_KEYS: &str = "/v1/signing-keys";
+
+/// The service's published keys, parsed.
+#[cfg(feature = "verify")]
+pub(crate) fn parse_published(
+    body: &str,
+) -> Result<plan_intake_wire::evidence::TrustedKeys, String> {
+    plan_intake_wire::evidence::TrustedKeys::parse(body).map_err(|e| e.to_string())
+}
 
 /// Where a verifying reader starts at the checkpoint of `size` leaves.
 #[cfg(feature = "verify")]

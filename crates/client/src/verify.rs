@@ -4,10 +4,11 @@
 //! the reader; nothing the service says at run time adds one.
 //!
 //! A receipt signed by a key the reader has not pinned (the new key of a
-//! rotation) is held to its leaf, and its key to the checkpoint's
-//! co-signers: the checkpoints carry the old key's signature beside the
-//! new one's while it is rotated out; a key made up by a row written
-//! around the service co-signs nothing.
+//! rotation) is held to its leaf, which checkpoints signed by a pinned
+//! key prove (they carry the old key's signature beside the new one's
+//! while it is rotated out), and its signature to the key the service
+//! publishes under that id: a row written around the service under a
+//! made-up key, or with a forged signature, does not pass.
 //!
 //! What it holds between pages ([`Verified`], saved with the cursor): how
 //! many leaves it handed on, the right edge of their tree (the roots of
@@ -68,12 +69,53 @@ pub struct Extended {
     after: Verified,
     /// The leaves' hashes, in order (to locate a failure).
     leaves: Vec<Hash>,
-    /// Receipts signed by a key the reader does not pin: log index,
-    /// receipt id, key id. Each key must co-sign the checkpoint.
-    unpinned: Vec<(u64, String, String)>,
+    /// Receipts signed by a key the reader does not pin: log index, the
+    /// receipt and its signed form.
+    unpinned: Vec<(u64, Receipt, Vec<u8>)>,
 }
 
 impl Extended {
+    /// Whether each key the page's receipts are signed by and the reader
+    /// does not pin is among `published`.
+    pub fn unpinned_known(&self, published: Option<&TrustedKeys>) -> bool {
+        self.unpinned.iter().all(|(_, receipt, _)| {
+            published.is_some_and(|published| {
+                receipt
+                    .signature
+                    .as_ref()
+                    .is_some_and(|s| published.knows(&s.key_id))
+            })
+        })
+    }
+
+    /// Each receipt signed by a key the reader does not pin (a rotation's
+    /// new one), its signature checked under the key published with that
+    /// id (`published`: what `GET /v1/signing-keys` answered). That adds no
+    /// trust: the receipt is still held to the leaf a checkpoint signed by
+    /// a pinned key proves. The appender logs what the table holds, so
+    /// without it a row written around the service under a made-up key,
+    /// or with a forged signature under a published one, would pass as a
+    /// rotation's.
+    pub fn check_unpinned(&self, published: &TrustedKeys) -> Result<(), Unverified> {
+        for (index, receipt, form) in &self.unpinned {
+            verify_receipt_form(receipt, form, published).map_err(|e| {
+                let why = match e {
+                    BadSignature::UnknownKey(key_id) => format!(
+                        "signed by key {key_id}, which the reader does not pin and GET /v1/signing-keys does not list: written around the service"
+                    ),
+                    other => format!(
+                        "signature check under the key the service publishes (not pinned by the reader): {other}"
+                    ),
+                };
+                unverified(format!(
+                    "log index {index} (receipt {}): {why}",
+                    receipt.receipt_id
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     /// The size the checkpoint must prove: leaves handed on after this page.
     pub fn size(&self) -> u64 {
         self.after.size
@@ -357,10 +399,11 @@ impl Verified {
                 Ok(()) => {}
                 // A key the reader has not pinned yet (a rotation's new
                 // one): the receipt is still held to the leaf a checkpoint
-                // signed by a pinned key proves, like every other, and the
-                // key to that checkpoint's co-signers.
-                Err(BadSignature::UnknownKey(key_id)) => {
-                    unpinned.push((index, receipt.receipt_id.clone(), key_id));
+                // signed by a pinned key proves, like every other, and its
+                // signature to the key published under that id
+                // (`Extended::check_unpinned`).
+                Err(BadSignature::UnknownKey(_)) => {
+                    unpinned.push((index, receipt.clone(), leaf.clone()));
                 }
                 Err(e) => {
                     return Err(unverified(format!(
@@ -433,18 +476,6 @@ impl Verified {
                 ),
                 locatable: true,
             });
-        }
-        // A receipt written around the service is logged as it stands;
-        // one under a made-up key would pass as a rotation's: its key
-        // must be one the log's signer co-signs with.
-        if let Some((index, receipt_id, key_id)) = extended
-            .unpinned
-            .iter()
-            .find(|(_, _, key_id)| !checkpoint.unchecked_signers.contains(key_id))
-        {
-            return Err(unverified(format!(
-                "log index {index} (receipt {receipt_id}): signed by key {key_id}, which the reader does not pin and the log's checkpoint is not co-signed by: written around the service, or a key to pin (GET /v1/signing-keys lists every key that signed)"
-            )));
         }
         proven.checkpoint = Some((size, root, checkpoint.origin));
         Ok(proven)

@@ -127,6 +127,11 @@ impl TrustedKeys {
         self.keys.iter().any(|(_, vkey, _)| vkey == verifier_key)
     }
 
+    /// Whether `key_id` (`name+id`) is one of these.
+    pub fn knows(&self, key_id: &str) -> bool {
+        self.verifier(key_id).is_some()
+    }
+
     /// The verifier of `key_id`, if trusted.
     fn verifier(&self, key_id: &str) -> Option<&StandardVerifier> {
         self.keys
@@ -242,10 +247,6 @@ pub struct VerifiedCheckpoint {
     pub root: Hash,
     /// Who signed it (`name+id`, each verified).
     pub signers: Vec<String>,
-    /// Whose signatures it also carries, by keys not trusted (`name+id`,
-    /// unchecked: what the log's signer says co-signs, as a rotation's new
-    /// key does; the lines are outside what a signature covers).
-    pub unchecked_signers: Vec<String>,
 }
 
 /// `note` as a checkpoint signed by at least one of `keys`, every
@@ -255,7 +256,7 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
     let parsed = signed_note::Note::from_bytes(note.as_bytes())
         .map_err(|e| format!("not a signed note: {e}"))?;
     let verifiers = keys.note_verifiers();
-    let (signed, unchecked) = parsed
+    let (signed, _) = parsed
         .verify(&verifiers)
         .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
     // The reader above checks one signature per key; every one must hold.
@@ -287,10 +288,6 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
         size: checkpoint.size(),
         root: *checkpoint.hash(),
         signers: signed
-            .iter()
-            .map(|s| format!("{}+{:08x}", s.name(), s.id()))
-            .collect(),
-        unchecked_signers: unchecked
             .iter()
             .map(|s| format!("{}+{:08x}", s.name(), s.id()))
             .collect(),
