@@ -938,32 +938,40 @@ pub(crate) fn still_held(
     let given = verify_checkpoint(given, keys).map_err(|e| {
         FollowError::Unverified(format!("the starting checkpoint: signature check: {e}"))
     })?;
-    let at = format!(
-        "log index {} (the starting checkpoint's end; nothing handed on)",
-        given.size
-    );
     let newest = verify_checkpoint(newest, keys).map_err(|e| {
         FollowError::Unverified(format!(
-            "{at}: the service's newest checkpoint: signature check: {e}"
+            "log index {} (the starting checkpoint's end; nothing handed on): the service's newest checkpoint: signature check: {e}",
+            given.size
         ))
     })?;
-    let refused = if newest.origin != given.origin {
-        format!(
-            "the service's newest checkpoint is of the log {:?}, not {:?}: another deployment's",
-            newest.origin, given.origin
+    // The first log index the service's log is known not to hold.
+    let (index, refused) = if newest.origin != given.origin {
+        (
+            0,
+            format!(
+                "the service's newest checkpoint is of the log {:?}, not {:?}: another deployment's",
+                newest.origin, given.origin
+            ),
         )
     } else if newest.size < given.size {
-        format!(
-            "the service's newest checkpoint holds {} receipts, fewer than the checkpoint given: its log was rolled back (a restore, or a failover that lost commits)",
-            newest.size
+        (
+            newest.size,
+            format!(
+                "the service's newest checkpoint holds {} receipts, fewer than the {} of the checkpoint given: its log was rolled back (a restore, or a failover that lost commits)",
+                newest.size, given.size
+            ),
         )
     } else if newest.size == given.size && newest.root != given.root {
-        "the service's newest checkpoint of the same size has another root: the log forked"
-            .to_owned()
+        (
+            given.size.saturating_sub(1),
+            "the service's newest checkpoint of the same size has another root: the log forked at or before this index".to_owned(),
+        )
     } else {
         return Ok(());
     };
-    Err(FollowError::Unverified(format!("{at}: {refused}")))
+    Err(FollowError::Unverified(format!(
+        "log index {index} (starting at the checkpoint given; nothing handed on): {refused}"
+    )))
 }
 
 /// The cursor and proof a verifying follower starts with at the checkpoint
@@ -1013,8 +1021,10 @@ impl<'a> LagReport<'a> {
 
     /// A page handed on; `logged_beyond`: receipts the log held past it.
     pub(crate) fn handed_on(&mut self, page: &Page, logged_beyond: Option<u64>) {
-        if page.receipts.len() < self.options.limit as usize {
-            // Short of its limit: the page reached the feed's end.
+        // Short of its limit: the page reached the feed's end (or, with
+        // `expand`, its byte budget: a verifying follower knows which).
+        let short = page.receipts.len() < self.options.limit as usize;
+        if logged_beyond == Some(0) || (short && logged_beyond.is_none()) {
             self.lag.set(Some(0), Duration::ZERO);
         } else {
             let age = page
