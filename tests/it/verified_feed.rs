@@ -891,6 +891,27 @@ fn a_follower_starts_at_a_checkpoint_and_verifies_what_follows(db: TestDb) {
         run.stderr
     );
     assert!(!logged.dir.path().join("rolled-back.cursor").exists());
+
+    // A file that is not a checkpoint under the pinned keys is a mistake
+    // of the command line (2), not evidence against the log (76).
+    let not_a_checkpoint = logged.dir.path().join("not.checkpoint");
+    std::fs::write(&not_a_checkpoint, "hello\n").expect("write");
+    let run = follow_verified_from(
+        &url,
+        &logged,
+        "mistaken.cursor",
+        2,
+        &["--from-checkpoint", path_arg(&not_a_checkpoint)],
+        false,
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("not a checkpoint signed by a key of --keys"),
+        "{}",
+        run.stderr
+    );
+    assert!(!logged.dir.path().join("mistaken.cursor").exists());
 }
 
 /// A hash of 32 zero bytes, base64.
