@@ -78,27 +78,10 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         keys,
         from_checkpoint,
     } = args;
-    let pinned = match keys.filter(|_| verify) {
-        Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
-        None => None,
-    };
     let from_checkpoint = match from_checkpoint {
-        Some(path) => {
-            let note = std::fs::read_to_string(&path).map_err(|e| {
-                CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))
-            })?;
-            // A file that is not a checkpoint signed by a pinned key is a
-            // mistake of the command line, not evidence against the log.
-            if let Some(pinned) = &pinned {
-                plan_intake_wire::evidence::verify_checkpoint(&note, pinned).map_err(|e| {
-                    CommandError::Usage(format!(
-                        "--from-checkpoint {}: not a checkpoint signed by a key of --keys: {e}",
-                        path.display()
-                    ))
-                })?;
-            }
-            Some(note)
-        }
+        Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
+            CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))
+        })?),
         None => None,
     };
     if from_checkpoint.is_some() && cursor_file.exists() {
@@ -107,6 +90,10 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
             cursor_file.display()
         );
     }
+    let pinned = match keys.filter(|_| verify) {
+        Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
+        None => None,
+    };
     if from_start && cursor_file.exists() {
         tell!(
             "--from-start is ignored: {} holds a cursor, and the follower goes on from it (remove the file to start over)",

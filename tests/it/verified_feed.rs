@@ -907,7 +907,7 @@ fn a_follower_starts_at_a_checkpoint_and_verifies_what_follows(db: TestDb) {
     assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(
         run.stderr
-            .contains("not a checkpoint signed by a key of --keys"),
+            .contains("(--from-checkpoint) is not one signed by a pinned key (--keys)"),
         "{}",
         run.stderr
     );

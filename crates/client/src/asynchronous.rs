@@ -217,24 +217,22 @@ impl AsyncClient {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let published = if extended.unpinned_known(cached.as_ref()) {
-            cached
-        } else {
-            let fetched = self
-                .evidence(PUBLISHED_KEYS, backoff, parse_published)
-                .await?;
-            *self
-                .published
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fetched.clone());
-            Some(fetched)
+        let published = match cached {
+            Some(cached) if extended.unpinned_known(Some(&cached)) => cached,
+            _ => {
+                let fetched = self
+                    .evidence(PUBLISHED_KEYS, backoff, parse_published)
+                    .await?;
+                *self
+                    .published
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fetched.clone());
+                fetched
+            }
         };
-        match published {
-            Some(published) => extended
-                .check_unpinned(&published)
-                .map_err(|e| FollowError::Unverified(e.message)),
-            None => Ok(()),
-        }
+        extended
+            .check_unpinned(&published)
+            .map_err(|e| FollowError::Unverified(e.message))
     }
 
     /// Where a verifying follower with no cursor starts, as the blocking
@@ -246,7 +244,7 @@ impl AsyncClient {
         backoff: &super::Backoff,
     ) -> Result<(FeedCursor, Proof), FollowError> {
         use super::follow::{
-            NEWEST_CHECKPOINT, start_from, start_query, starting_size, still_held,
+            NEWEST_CHECKPOINT, start_from, start_query, starting_checkpoint, still_held,
         };
         let Some(keys) = &options.verify else {
             return Err(no_proof());
@@ -258,15 +256,15 @@ impl AsyncClient {
                     .await?
             }
         };
-        let size = starting_size(options, &note, keys)?;
+        let given = starting_checkpoint(options, &note, keys)?;
         if options.from_checkpoint.is_some() {
             let newest = self
                 .evidence(NEWEST_CHECKPOINT, backoff, |body| Ok(body.to_owned()))
                 .await?;
-            still_held(&note, &newest, keys)?;
+            still_held(&given, &newest, keys)?;
         }
         let start = self
-            .evidence(&start_query(size), backoff, |body| {
+            .evidence(&start_query(given.size), backoff, |body| {
                 serde_json::from_str(body).map_err(|e| e.to_string())
             })
             .await?;

@@ -323,6 +323,19 @@ pub(crate) fn check_options(options: &FollowOptions) -> Result<(), FollowError> 
             MAX_WAIT.as_secs()
         )));
     }
+    // A checkpoint that is not one under the pinned keys is a mistake of
+    // the caller's, not evidence against the log. (With a cursor file it
+    // is not used: keys changed since, it need not hold under them.)
+    #[cfg(feature = "verify")]
+    if let (Some(keys), Some(note)) = (&options.verify, &options.from_checkpoint)
+        && !options.cursor_file.exists()
+    {
+        plan_intake_wire::evidence::verify_checkpoint(note, keys).map_err(|e| {
+            FollowError::Options(format!(
+                "the checkpoint to start from (--from-checkpoint) is not one signed by a pinned key (--keys): {e}"
+            ))
+        })?;
+    }
     Ok(())
 }
 
@@ -586,14 +599,14 @@ impl Run<'_> {
                 None => return Ok(None),
             },
         };
-        let size = starting_size(self.options, &note, keys)?;
+        let given = starting_checkpoint(self.options, &note, keys)?;
         if self.options.from_checkpoint.is_some() {
             let Some(newest) = self.evidence(NEWEST_CHECKPOINT, |body| Ok(body.to_owned()))? else {
                 return Ok(None);
             };
-            still_held(&note, &newest, keys)?;
+            still_held(&given, &newest, keys)?;
         }
-        let start = self.evidence(&start_query(size), |body| {
+        let start = self.evidence(&start_query(given.size), |body| {
             serde_json::from_str(body).map_err(|e| e.to_string())
         })?;
         start
@@ -900,15 +913,15 @@ pub(crate) fn judge_evidence<T>(
     }
 }
 
-/// The size of the checkpoint a verifying follower starts at, its
+/// The checkpoint a verifying follower starts at, its
 /// signature checked under the pinned keys; one it was not given is
 /// trusted as the first it saw, and said so.
 #[cfg(feature = "verify")]
-pub(crate) fn starting_size(
+pub(crate) fn starting_checkpoint(
     options: &FollowOptions,
     note: &str,
     keys: &plan_intake_wire::evidence::TrustedKeys,
-) -> Result<u64, FollowError> {
+) -> Result<plan_intake_wire::evidence::VerifiedCheckpoint, FollowError> {
     let checkpoint = plan_intake_wire::evidence::verify_checkpoint(note, keys).map_err(|e| {
         FollowError::Unverified(format!("the starting checkpoint: signature check: {e}"))
     })?;
@@ -920,7 +933,7 @@ pub(crate) fn starting_size(
             checkpoint.size
         );
     }
-    Ok(checkpoint.size)
+    Ok(checkpoint)
 }
 
 /// A checkpoint given to start at (`given`) is one the service's log still
@@ -930,15 +943,11 @@ pub(crate) fn starting_size(
 /// start asked for at `given` would never come.
 #[cfg(feature = "verify")]
 pub(crate) fn still_held(
-    given: &str,
+    given: &plan_intake_wire::evidence::VerifiedCheckpoint,
     newest: &str,
     keys: &plan_intake_wire::evidence::TrustedKeys,
 ) -> Result<(), FollowError> {
-    use plan_intake_wire::evidence::verify_checkpoint;
-    let given = verify_checkpoint(given, keys).map_err(|e| {
-        FollowError::Unverified(format!("the starting checkpoint: signature check: {e}"))
-    })?;
-    let newest = verify_checkpoint(newest, keys).map_err(|e| {
+    let newest = plan_intake_wire::evidence::verify_checkpoint(newest, keys).map_err(|e| {
         FollowError::Unverified(format!(
             "log index {} (the starting checkpoint's end; nothing handed on): the service's newest checkpoint: signature check: {e}",
             given.size
