@@ -255,7 +255,14 @@ pub fn run(
                     ))
                 })?;
             }
-            keep_signing_key_recorded(intake.clone());
+            // Recorded before the first request: a reader not pinned to
+            // this key checks its receipts under what GET /v1/signing-keys
+            // lists. Until it can be, `/readyz` says why.
+            let recorded = intake.record_key_use(&at_start_deadline);
+            if let Err(error) = &recorded {
+                tracing::warn!(%error, "cannot record the signing key yet");
+            }
+            keep_signing_key_recorded(intake.clone(), recorded.is_ok());
             keep_receipt_log_appended(
                 intake.clone(),
                 origin,
@@ -339,8 +346,11 @@ const KEY_USE_EVERY: Duration = Duration::from_secs(60);
 /// Records this instance's key as in use every minute, on a thread of its
 /// own: whatever the appender does (stuck, or busy with a long round), `GET
 /// /v1/signing-keys` tells when the key signed receipts.
-fn keep_signing_key_recorded(intake: Intake) {
+fn keep_signing_key_recorded(intake: Intake, recorded: bool) {
     let recorder = move || {
+        if recorded {
+            std::thread::sleep(KEY_USE_EVERY);
+        }
         loop {
             if let Err(error) = intake.record_key_use(&Deadline::after(Duration::from_secs(10))) {
                 tracing::warn!(%error, "cannot record the signing key's use");

@@ -78,18 +78,21 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         keys,
         from_checkpoint,
     } = args;
+    // Read only where it is used: beside a cursor file it may be gone
+    // (a restart of a unit that once started from it).
     let from_checkpoint = match from_checkpoint {
+        Some(_) if cursor_file.exists() => {
+            tell!(
+                "--from-checkpoint is ignored: {} holds a cursor, and the follower goes on from it",
+                cursor_file.display()
+            );
+            None
+        }
         Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
             CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))
         })?),
         None => None,
     };
-    if from_checkpoint.is_some() && cursor_file.exists() {
-        tell!(
-            "--from-checkpoint is ignored: {} holds a cursor, and the follower goes on from it",
-            cursor_file.display()
-        );
-    }
     let pinned = match keys.filter(|_| verify) {
         Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
         None => None,

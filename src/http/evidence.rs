@@ -26,7 +26,9 @@ pub async fn signing_keys(
     let keys = state
         .blocking(deadline, move |intake| intake.published_keys(&deadline))
         .await?;
-    Ok(HttpResponse::Ok().json(keys))
+    // A verifying reader asks when it meets a key it does not pin: a
+    // cached list would lack a key just rotated in.
+    Ok(with_cache(HttpResponse::Ok().json(keys), "no-cache"))
 }
 
 #[utoipa::path(get, path = "/v1/checkpoint", tag = "evidence",

@@ -506,6 +506,24 @@ fn a_receipt_under_a_key_nobody_published_is_named(db: TestDb) {
         refused_at(&run, PLANS, PLANS - 1, &logged.ids);
         assert!(run.stderr.contains(said), "{}", run.stderr);
     }
+
+    // A key list that cannot be read names the receipt that needed it.
+    let proxy = rewriting_proxy(&logged, |target: &str, body: Vec<u8>| {
+        if target == "/v1/signing-keys" {
+            b"<html>cached</html>".to_vec()
+        } else {
+            body
+        }
+    });
+    let run = follow_verified(&proxy.url, &logged, "garbled.cursor", 2);
+    refused_at(&run, PLANS, PLANS - 1, &logged.ids);
+    assert!(
+        run.stderr.contains(&format!(
+            "log index {PLANS} (receipt rcpt_by_hand): signed by a key the reader does not pin, and GET /v1/signing-keys"
+        )),
+        "{}",
+        run.stderr
+    );
 }
 
 /// Another deployment signing with the same key (so under the same derived
@@ -649,6 +667,8 @@ fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
 
     let old = logged.dir.path().join("k1");
     let new = generate_key(logged.dir.path(), "k2");
+    // The key list as a cache kept it from before the rotation.
+    let (_, stale_keys) = crate::evidence::get_text(&logged.service.addr, None, "/v1/signing-keys");
     logged.service = restart_signing_with(logged.service, &db, &[&new, &old]);
     let rotated = write_plans(&logged.service, &planner, "rotated", 3);
     let note = crate::evidence::checkpoint_of_at_least(&logged.service.addr, (PLANS + 3) as u64);
@@ -657,14 +677,25 @@ fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
         2,
         "signed by both keys: {note}"
     );
-    let during = follow_verified(
-        &format!("http://{}", logged.service.addr),
-        &logged,
-        "old.cursor",
-        3,
-    );
+    // The new key's receipts are held to the key the service publishes,
+    // asked again while an answer from before the rotation lacks it.
+    let served_stale = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        let keys = target == "/v1/signing-keys";
+        if keys && !served_stale.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            stale_keys.clone().into_bytes()
+        } else {
+            body
+        }
+    });
+    let during = follow_verified(&proxy.url, &logged, "old.cursor", 3);
     assert_eq!(during.code, Some(0), "{}", during.stderr);
     assert_eq!(during.handed, rotated);
+    assert!(
+        during.stderr.contains("/v1/signing-keys does not list key"),
+        "{}",
+        during.stderr
+    );
 
     logged.service.terminate();
     logged.service = ServeProcess::start_with(&db.url, &["--signing-key", path_arg(&new)]);

@@ -207,32 +207,45 @@ impl AsyncClient {
         extended: &crate::verify::Extended,
         backoff: &super::Backoff,
     ) -> Result<(), FollowError> {
-        use super::follow::{PUBLISHED_KEYS, parse_published};
+        use super::follow::{
+            PUBLISHED_ASKS, PUBLISHED_KEYS, at_unpinned, parse_published, published_again,
+            warn_unpinned,
+        };
         if extended.unpinned_known(None) {
             // No receipt under a key the reader does not pin.
             return Ok(());
         }
-        let cached = self
+        let mut published = self
             .published
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let published = match cached {
-            Some(cached) if extended.unpinned_known(Some(&cached)) => cached,
-            _ => {
-                let fetched = self
-                    .evidence(PUBLISHED_KEYS, backoff, parse_published)
-                    .await?;
-                *self
-                    .published
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fetched.clone());
-                fetched
+        let mut asked = 0;
+        while !extended.unpinned_known(published.as_ref()) && asked < PUBLISHED_ASKS {
+            if asked > 0 {
+                let why = published_again(extended);
+                tokio::time::sleep(retry_wait(backoff, asked, &why, None)).await;
             }
-        };
-        extended
-            .check_unpinned(&published)
-            .map_err(|e| FollowError::Unverified(e.message))
+            asked += 1;
+            let fetched = self
+                .evidence(PUBLISHED_KEYS, backoff, parse_published)
+                .await
+                .map_err(|e| at_unpinned(extended, e))?;
+            *self
+                .published
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fetched.clone());
+            published = Some(fetched);
+        }
+        if let Some(published) = &published {
+            extended
+                .check_unpinned(published)
+                .map_err(|e| FollowError::Unverified(e.message))?;
+        }
+        if asked > 0 {
+            warn_unpinned(extended);
+        }
+        Ok(())
     }
 
     /// Where a verifying follower with no cursor starts, as the blocking

@@ -323,6 +323,12 @@ pub(crate) fn check_options(options: &FollowOptions) -> Result<(), FollowError> 
             MAX_WAIT.as_secs()
         )));
     }
+    #[cfg(feature = "verify")]
+    if options.from_start && options.from_checkpoint.is_some() {
+        return Err(FollowError::Options(
+            "from_start and from_checkpoint both name where to start: give one".to_owned(),
+        ));
+    }
     // A checkpoint that is not one under the pinned keys is a mistake of
     // the caller's, not evidence against the log. (With a cursor file it
     // is not used: keys changed since, it need not hold under them.)
@@ -554,8 +560,20 @@ impl Run<'_> {
         };
         match Verified::prove(&extended, &answer, keys) {
             Ok(proven) => {
-                if !extended.unpinned_known(self.published.as_ref()) {
-                    let Some(published) = self.evidence(PUBLISHED_KEYS, parse_published)? else {
+                let mut asked = 0;
+                while !extended.unpinned_known(self.published.as_ref()) && asked < PUBLISHED_ASKS {
+                    if asked > 0 {
+                        let delay =
+                            retry_wait(&self.backoff, asked, &published_again(&extended), None);
+                        if pause_unless_stopped(self.stop, delay) {
+                            return Ok(None);
+                        }
+                    }
+                    asked += 1;
+                    let Some(published) = self
+                        .evidence(PUBLISHED_KEYS, parse_published)
+                        .map_err(|e| at_unpinned(&extended, e))?
+                    else {
                         return Ok(None);
                     };
                     self.published = Some(published);
@@ -564,6 +582,9 @@ impl Run<'_> {
                     extended
                         .check_unpinned(published)
                         .map_err(|e| FollowError::Unverified(e.message))?;
+                }
+                if asked > 0 {
+                    warn_unpinned(&extended);
                 }
                 Ok(Some(Some(proven)))
             }
@@ -848,12 +869,51 @@ pub(crate) const NEWEST_CHECKPOINT: &str = "/v1/checkpoint";
 #[cfg(feature = "verify")]
 pub(crate) const PUBLISHED_KEYS: &str = "/v1/signing-keys";
 
-/// The service's published keys, parsed.
+/// How often `GET /v1/signing-keys` is asked for a key it does not list
+/// before the receipt is refused (a key just rotated in may be listed a
+/// moment late; the asks back off from `retry_base`).
+#[cfg(feature = "verify")]
+pub(crate) const PUBLISHED_ASKS: u32 = 5;
+
+/// The service's published keys, parsed (each key it cannot read left
+/// out).
 #[cfg(feature = "verify")]
 pub(crate) fn parse_published(
     body: &str,
 ) -> Result<plan_intake_wire::evidence::TrustedKeys, String> {
-    plan_intake_wire::evidence::TrustedKeys::parse(body).map_err(|e| e.to_string())
+    plan_intake_wire::evidence::TrustedKeys::published(body)
+}
+
+/// Why the published keys are asked for again.
+#[cfg(feature = "verify")]
+pub(crate) fn published_again(extended: &crate::verify::Extended) -> String {
+    format!(
+        "GET {PUBLISHED_KEYS} does not list key {} yet",
+        extended.unpinned_keys().join(", ")
+    )
+}
+
+/// A failure to read the published keys, placed at the receipt that
+/// needed them.
+#[cfg(feature = "verify")]
+pub(crate) fn at_unpinned(extended: &crate::verify::Extended, error: FollowError) -> FollowError {
+    match (error, extended.first_unpinned()) {
+        (FollowError::Unverified(why), Some(at)) => FollowError::Unverified(format!(
+            "{at}: signed by a key the reader does not pin, and {why}"
+        )),
+        (error, _) => error,
+    }
+}
+
+/// Said once a page holds receipts under keys the reader does not pin
+/// (after a rotation): they are held to their leaves, under checkpoints
+/// signed by pinned keys, and to the keys the service publishes.
+#[cfg(feature = "verify")]
+pub(crate) fn warn_unpinned(extended: &crate::verify::Extended) {
+    tracing::warn!(
+        keys = %extended.unpinned_keys().join(", "),
+        "receipts signed by a key the reader does not pin: each is held to its leaf under a checkpoint signed by a pinned key, and its signature to the key GET {PUBLISHED_KEYS} lists; pin that key's .pub to check them under your own copy"
+    );
 }
 
 /// Where a verifying reader starts at the checkpoint of `size` leaves.
@@ -1033,7 +1093,7 @@ impl<'a> LagReport<'a> {
         // Short of its limit: the page reached the feed's end (or, with
         // `expand`, its byte budget: a verifying follower knows which).
         let short = page.receipts.len() < self.options.limit as usize;
-        if logged_beyond == Some(0) || (short && logged_beyond.is_none()) {
+        if short && logged_beyond.unwrap_or(0) == 0 {
             self.lag.set(Some(0), Duration::ZERO);
         } else {
             let age = page

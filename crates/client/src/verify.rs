@@ -88,6 +88,27 @@ impl Extended {
         })
     }
 
+    /// The keys the page's receipts are signed by that the reader does not
+    /// pin, each once.
+    pub fn unpinned_keys(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = self
+            .unpinned
+            .iter()
+            .filter_map(|(_, receipt, _)| Some(receipt.signature.as_ref()?.key_id.as_str()))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Where the first receipt under a key the reader does not pin stands:
+    /// `log index N (receipt R)`.
+    pub fn first_unpinned(&self) -> Option<String> {
+        self.unpinned.first().map(|(index, receipt, _)| {
+            format!("log index {index} (receipt {})", receipt.receipt_id)
+        })
+    }
+
     /// Each receipt signed by a key the reader does not pin (a rotation's
     /// new one), its signature checked under the key published with that
     /// id (`published`: what `GET /v1/signing-keys` answered). That adds no

@@ -66,6 +66,11 @@ pub enum KeysError {
     PrivateWherePublic(usize),
 }
 
+/// A verifier's key id as receipts name it: `name+id` (hex).
+fn id_of(verifier: &StandardVerifier) -> String {
+    format!("{}+{:08x}", verifier.name(), verifier.key_id())
+}
+
 /// Verifier keys a reader trusts, pinned out of band: what `GET
 /// /v1/signing-keys` answered (JSON), or verifier keys one per line (`#`
 /// starts a comment).
@@ -108,12 +113,25 @@ impl TrustedKeys {
             }
             let verifier = StandardVerifier::new(&vkey)
                 .map_err(|e| KeysError::MalformedPublic(format!("key {}: {e}", line + 1)))?;
-            keys.push((
-                format!("{}+{:08x}", verifier.name(), verifier.key_id()),
-                vkey,
-                verifier,
-            ));
+            keys.push((id_of(&verifier), vkey, verifier));
         }
+        Ok(Self { keys })
+    }
+
+    /// The keys of `GET /v1/signing-keys`'s answer as a reader that does
+    /// not trust them reads it: a key it cannot parse (a kind it does not
+    /// know) is left out, not a reason to read none.
+    pub fn published(text: &str) -> Result<Self, String> {
+        let published: PublishedKeys =
+            serde_json::from_str(text).map_err(|e| format!("not the keys' JSON: {e}"))?;
+        let keys = published
+            .keys
+            .into_iter()
+            .filter_map(|key| {
+                let verifier = StandardVerifier::new(&key.verifier_key).ok()?;
+                Some((id_of(&verifier), key.verifier_key, verifier))
+            })
+            .collect();
         Ok(Self { keys })
     }
 
@@ -292,4 +310,36 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
             .map(|s| format!("{}+{:08x}", s.name(), s.id()))
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key of a kind the reader cannot read leaves the others usable.
+    #[test]
+    fn a_published_key_that_cannot_be_read_is_left_out() {
+        let key = |verifier_key: &str| PublishedKey {
+            key_id: "unused".to_owned(),
+            verifier_key: verifier_key.to_owned(),
+            first_used_at: "2026-12-04T00:00:00Z".to_owned(),
+            last_used_at: "2026-12-04T00:00:00Z".to_owned(),
+        };
+        let answer = serde_json::to_string(&PublishedKeys {
+            signing_now: None,
+            keys: vec![
+                key("future+00000001+AQID"),
+                key("PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW"),
+            ],
+        })
+        .expect("json");
+        let published = TrustedKeys::published(&answer).expect("read");
+        assert!(published.knows("PeterNeumann+c74f20a3"));
+        assert!(!published.knows("future+00000001"));
+        assert!(
+            TrustedKeys::parse(&answer).is_err(),
+            "a pinned list is strict"
+        );
+        assert!(TrustedKeys::published("<html>cached</html>").is_err());
+    }
 }
