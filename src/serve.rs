@@ -21,6 +21,7 @@ use crate::config::{
 };
 use crate::deadline::Deadline;
 use crate::http::{self, AppState};
+use crate::intake::receipt_log::KeepCheckpoint;
 use crate::intake::signing::SigningKey;
 use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
@@ -393,12 +394,17 @@ fn keep_receipt_log_appended(
 ) {
     let limit = APPEND_LIMIT;
     let told = intake.clone();
+    // Kept before the round commits (`LogSigner::keep`): what readers are
+    // handed is never ahead of the file.
+    let keep = checkpoint_file.map(|file| {
+        Box::new(move |note: &str| keep_checkpoint(&file, note)) as Box<KeepCheckpoint>
+    });
     let appender = move || {
         let mut failing_since: Option<std::time::Instant> = None;
         let mut lag_measured: Option<std::time::Instant> = None;
         loop {
             let round_began = std::time::Instant::now();
-            let behind = match intake.append_receipts(&origin, limit, signed) {
+            let behind = match intake.append_receipts(&origin, limit, signed, keep.as_deref()) {
                 Ok(appended) => {
                     tracing::debug!(
                         receipts = appended.as_ref().map_or(0, |a| a.to - a.from),
@@ -416,13 +422,6 @@ fn keep_receipt_log_appended(
                                 signed = Some((size, root));
                                 intake.metrics.set_receipt_log_size(size);
                                 intake.log_rounds().signed(size);
-                                if let (Some(file), Ok(Some(note))) = (
-                                    checkpoint_file.as_deref(),
-                                    intake.checkpoint(&Deadline::after(Duration::from_secs(10))),
-                                ) && let Err(error) = keep_checkpoint(file, &note)
-                                {
-                                    tracing::error!(%error, file = %file.display(), "cannot keep the checkpoint signed");
-                                }
                             }
                             appended.to - appended.from == limit as u64
                         }

@@ -406,6 +406,7 @@ impl Intake {
         origin: &str,
         limit: i64,
         signed: Option<(u64, tlog_tiles::Hash)>,
+        keep: Option<&receipt_log::KeepCheckpoint>,
     ) -> Result<
         Option<crate::storage::receipt_log::Appended>,
         Box<dyn std::error::Error + Send + Sync>,
@@ -417,6 +418,7 @@ impl Intake {
             key,
             cosigners: &self.cosigning,
             origin,
+            keep,
         };
         let mut conn = self.db.conn()?;
         Ok(self.db.between_batches(|| {
@@ -443,8 +445,9 @@ impl Intake {
         signed: (u64, tlog_tiles::Hash),
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let mut conn = self.db.conn()?;
+        let leaf_of = |row: &crate::storage::plans::ReceiptRow| receipt_log::leaf_of(row);
         Ok(crate::storage::receipt_log::check_extends(
-            &mut conn, signed,
+            &mut conn, signed, &leaf_of,
         )?)
     }
 

@@ -23,19 +23,37 @@ pub struct LogSigner<'a> {
     pub key: &'a SigningKey,
     pub cosigners: &'a [std::sync::Arc<SigningKey>],
     pub origin: &'a str,
+    /// Keeps each checkpoint outside the database (`serve
+    /// --checkpoint-file`) once signed and before the round commits: a
+    /// checkpoint is never handed out before it is kept.
+    pub keep: Option<&'a KeepCheckpoint>,
 }
+
+/// Keeps a signed checkpoint note somewhere durable; an error fails the
+/// round, which then commits nothing.
+pub type KeepCheckpoint = dyn Fn(&str) -> std::io::Result<()> + Send + Sync;
 
 impl LogWriter for LogSigner<'_> {
     fn leaf(&self, row: &ReceiptRow) -> Result<Vec<u8>, WriterError> {
-        let receipt = Receipt::from_row(row, None)?;
-        Ok(signed_form(&receipt)?)
+        leaf_of(row)
     }
 
     fn checkpoint(&self, size: u64, root: Hash) -> Result<String, WriterError> {
         let mut keys = vec![self.key];
         keys.extend(self.cosigners.iter().map(|k| &**k));
-        Ok(checkpoint_note(&keys, self.origin, size, root)?)
+        let note = checkpoint_note(&keys, self.origin, size, root)?;
+        if let Some(keep) = self.keep {
+            keep(&note)
+                .map_err(|e| format!("cannot keep the checkpoint before it is published: {e}"))?;
+        }
+        Ok(note)
     }
+}
+
+/// A receipt's leaf in the log: its signed form, from its plan's row.
+pub fn leaf_of(row: &ReceiptRow) -> Result<Vec<u8>, WriterError> {
+    let receipt = Receipt::from_row(row, None)?;
+    Ok(signed_form(&receipt)?)
 }
 
 /// The signed note of a checkpoint: origin, size and root hash, signed by

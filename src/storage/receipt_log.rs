@@ -189,24 +189,7 @@ pub fn append(
         }
         let last_checkpoint = latest_checkpoint(conn)?;
         let tree = StoredHashes::new(conn);
-        let mut leaves = Vec::with_capacity(rows.len());
-        let mut new_hashes: Vec<(i64, Vec<u8>)> = Vec::new();
-        for (at, (_, row)) in rows.iter().enumerate() {
-            let n = from + at as u64;
-            let leaf = writer.leaf(row).map_err(|source| AppendError::Leaf {
-                receipt_id: row.receipt_id.clone(),
-                source,
-            })?;
-            let hashes = tlog_tiles::stored_hashes(n, &leaf, &tree)
-                .map_err(|e| AppendError::Tree(e.to_string()))?;
-            let first = tlog_tiles::stored_hash_index(0, n);
-            let mut known = tree.known.borrow_mut();
-            for (k, hash) in hashes.iter().enumerate() {
-                known.insert(first + k as u64, *hash);
-                new_hashes.push((to_i64(first + k as u64), hash.0.to_vec()));
-            }
-            leaves.push((to_i64(n), row.receipt_id.clone(), hashes[0].0.to_vec()));
-        }
+        let (leaves, new_hashes) = add_leaves(&tree, from, &rows, &|row| writer.leaf(row))?;
         let to = from + rows.len() as u64;
         let root =
             tlog_tiles::tree_hash(to, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
@@ -269,6 +252,39 @@ pub fn append(
         }))
     };
     super::in_transaction(conn, work)
+}
+
+/// New leaves (`(leaf_index, receipt_id, leaf_hash)`) and the stored
+/// hashes they complete (`(hash_index, hash)`).
+type NewLeaves = (Vec<(i64, String, Vec<u8>)>, Vec<(i64, Vec<u8>)>);
+
+/// Appends `rows` as leaves `from..` to `tree` (in memory: `tree.known`),
+/// for the caller to store.
+fn add_leaves(
+    tree: &StoredHashes<'_>,
+    from: u64,
+    rows: &[(i64, ReceiptRow)],
+    leaf_of: &dyn Fn(&ReceiptRow) -> Result<Vec<u8>, WriterError>,
+) -> Result<NewLeaves, AppendError> {
+    let mut leaves = Vec::with_capacity(rows.len());
+    let mut new_hashes: Vec<(i64, Vec<u8>)> = Vec::new();
+    for (at, (_, row)) in rows.iter().enumerate() {
+        let n = from + at as u64;
+        let leaf = leaf_of(row).map_err(|source| AppendError::Leaf {
+            receipt_id: row.receipt_id.clone(),
+            source,
+        })?;
+        let hashes = tlog_tiles::stored_hashes(n, &leaf, tree)
+            .map_err(|e| AppendError::Tree(e.to_string()))?;
+        let first = tlog_tiles::stored_hash_index(0, n);
+        let mut known = tree.known.borrow_mut();
+        for (k, hash) in hashes.iter().enumerate() {
+            known.insert(first + k as u64, *hash);
+            new_hashes.push((to_i64(first + k as u64), hash.0.to_vec()));
+        }
+        leaves.push((to_i64(n), row.receipt_id.clone(), hashes[0].0.to_vec()));
+    }
+    Ok((leaves, new_hashes))
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -346,12 +362,44 @@ fn extends(
 /// Whether the log as stored extends the checkpoint of `signed` leaves and
 /// root (one kept outside the database): read, nothing written. A
 /// database restored to before it, or a log that forked from it, does not.
-pub fn check_extends(conn: &mut DbConn, signed: (u64, Hash)) -> Result<(), AppendError> {
-    let size: i64 = with_conn!(conn, c => receipt_log_state::table
+/// A log short of it does if the receipts settled after its last leaf
+/// make that very tree (`leaf_of` makes their leaves): the checkpoint is
+/// kept before its round commits, so a process stopped in between leaves
+/// the file one round ahead of a database that still holds every receipt
+/// of that round. A restore lost some of them, or holds others.
+pub fn check_extends(
+    conn: &mut DbConn,
+    signed: (u64, Hash),
+    leaf_of: &dyn Fn(&ReceiptRow) -> Result<Vec<u8>, WriterError>,
+) -> Result<(), AppendError> {
+    let state: StateRow = with_conn!(conn, c => receipt_log_state::table
         .filter(receipt_log_state::id.eq(1))
-        .select(receipt_log_state::tree_size)
+        .select(StateRow::as_select())
         .first(c))?;
-    let size = u64::try_from(size).unwrap_or(0);
+    let size = u64::try_from(state.tree_size).unwrap_or(0);
+    if size < signed.0 {
+        let after = FeedPosition {
+            xid: state.after_feed_xid,
+            id: state.after_plan_id,
+        };
+        let short = AppendError::Inconsistent {
+            size,
+            signed: signed.0,
+        };
+        let wanted = i64::try_from(signed.0 - size).map_err(|_| short)?;
+        let (PageRows::Receipts(rows), _) = feed_page(conn, after, wanted, false)? else {
+            return Err(AppendError::Inconsistent {
+                size,
+                signed: signed.0,
+            });
+        };
+        let reached = size + rows.len() as u64;
+        let tree = StoredHashes::new(conn);
+        add_leaves(&tree, size, &rows, leaf_of)?;
+        let root =
+            tlog_tiles::tree_hash(reached, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+        return extends(&tree, reached, root, signed.0, signed.1);
+    }
     let tree = StoredHashes::new(conn);
     let root = tlog_tiles::tree_hash(size, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
     extends(&tree, size, root, signed.0, signed.1)

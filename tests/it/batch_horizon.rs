@@ -113,7 +113,7 @@ fn signing(app: &TestApp) -> Intake {
 /// Append rounds until one takes nothing more.
 fn append_all(intake: &Intake) {
     loop {
-        match intake.append_receipts(ORIGIN, 5_000, None) {
+        match intake.append_receipts(ORIGIN, 5_000, None, None) {
             Ok(Some(appended)) if appended.to > appended.from => continue,
             Ok(_) => return,
             Err(error) => panic!("an append round failed: {error}"),
@@ -286,7 +286,7 @@ async fn batches_with_held_keys_hide_no_plan_from_followers_or_the_log() {
         let stop = stop.clone();
         move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Err(error) = intake.append_receipts(ORIGIN, 5_000, None) {
+                if let Err(error) = intake.append_receipts(ORIGIN, 5_000, None, None) {
                     return Err(error.to_string());
                 }
                 // Pacing, not synchronization: rounds as often as the

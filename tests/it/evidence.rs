@@ -47,7 +47,7 @@ pub(crate) fn generate_key(dir: &Path, name: &str) -> PathBuf {
     out
 }
 
-fn serve_signed(url: &str, keys: &[&Path]) -> ServeProcess {
+pub(crate) fn serve_signed(url: &str, keys: &[&Path]) -> ServeProcess {
     let mut args = Vec::new();
     for key in keys {
         args.push("--signing-key");
@@ -101,20 +101,20 @@ pub(crate) fn checkpoint_of_at_least(addr: &str, size: u64) -> String {
     }
 }
 
-fn checkpoint_size(note: &str) -> u64 {
+pub(crate) fn checkpoint_size(note: &str) -> u64 {
     note.lines()
         .nth(1)
         .and_then(|l| l.parse().ok())
         .unwrap_or(0)
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write a file");
     path
 }
 
-fn arg(path: &Path) -> &str {
+pub(crate) fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
@@ -134,7 +134,7 @@ fn verify(receipt: &Path, keys: &Path, proof: Option<&Path>) -> (i32, String) {
 }
 
 /// `plan-intake audit --keys KEYS [--checkpoint FILE]…`: exit status and output.
-fn audit(url: &str, keys: &Path, checkpoints: &[&Path]) -> (i32, String) {
+pub(crate) fn audit(url: &str, keys: &Path, checkpoints: &[&Path]) -> (i32, String) {
     let mut args = vec!["audit", "--keys", arg(keys)];
     for checkpoint in checkpoints {
         args.extend(["--checkpoint", arg(checkpoint)]);
@@ -172,7 +172,7 @@ fn body(run: &str) -> String {
 }
 
 /// Submits `count` plans (`{prefix}-0`…); their receipts in order.
-fn submit(addr: &str, token: &str, prefix: &str, count: usize) -> Vec<Value> {
+pub(crate) fn submit(addr: &str, token: &str, prefix: &str, count: usize) -> Vec<Value> {
     let agent = client();
     (0..count)
         .map(|i| {
@@ -182,7 +182,7 @@ fn submit(addr: &str, token: &str, prefix: &str, count: usize) -> Vec<Value> {
         .collect()
 }
 
-fn signing_keys_file(addr: &str, dir: &Path) -> PathBuf {
+pub(crate) fn signing_keys_file(addr: &str, dir: &Path) -> PathBuf {
     let (status, keys) = get_text(addr, None, "/v1/signing-keys");
     assert_eq!(status, 200, "{keys}");
     write(dir, "keys.json", &keys)

@@ -12,6 +12,7 @@ mod dba;
 mod deadline;
 mod dependent;
 mod door;
+mod drills;
 mod evidence;
 mod expect_continue;
 mod failover;
