@@ -108,6 +108,7 @@ pub struct ExtensionQuery {
         (status = 200, description = "The newest checkpoint and the RFC 6962 consistency proofs to it from the tree of `size` leaves and from that of `since` leaves, in one answer: what a verifying follower asks once per page (`plan-intake follow --verify`)", body = crate::intake::receipt_log::CheckpointExtension),
         (status = 400, description = "`size` missing or not a number, a wait outside 0-60, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No checkpoint holds `size` leaves yet, after `wait` (`not-logged-yet`, with `Retry-After`); a service that signs nothing answers at once", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The newest checkpoint holds fewer leaves than `since` (`log-rolled-back`): a checkpoint signed before held more, so the log was rolled back (a restore, or a failover that lost commits); no wait mends it", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn extension(

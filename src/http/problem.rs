@@ -40,6 +40,10 @@ pub enum ApiError {
     /// the end: 400, start again from `after=now` or the start.
     #[error("{0}")]
     CursorNotInFeed(String),
+    /// A checkpoint size the caller verified that the log no longer
+    /// reaches: 409, no retry mends it.
+    #[error("{0}")]
+    LogRolledBack(String),
     #[error("the request body failed validation")]
     Invalid(Vec<FieldError>),
     #[error("idempotency key reused for a different request")]
@@ -201,6 +205,7 @@ impl ApiError {
             ApiError::MalformedJson(_) => kind(S::BAD_REQUEST, "malformed-json", "Malformed JSON", "invalid", false),
             ApiError::BadQuery(_) => kind(S::BAD_REQUEST, "invalid-query", "Invalid Query Parameters", "invalid", false),
             ApiError::CursorNotInFeed(_) => kind(S::BAD_REQUEST, crate::intake::feed::CURSOR_NOT_IN_FEED, "Cursor Not In This Feed", "invalid", false),
+            ApiError::LogRolledBack(_) => kind(S::CONFLICT, "log-rolled-back", "The Log Holds Fewer Leaves", "invalid", false),
             ApiError::MalformedHead => kind(S::BAD_REQUEST, "malformed-request", "Bad Request", "invalid", false),
             ApiError::Invalid(_) => kind(S::UNPROCESSABLE_ENTITY, "validation-failed", "Validation Failed", "invalid", false),
             ApiError::KeyReused => kind(S::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency Key Reused", "key_reused", false),
@@ -320,6 +325,7 @@ impl From<ReadError> for ApiError {
             ReadError::NotSetUp(e) => ApiError::NotSetUp(e),
             ReadError::Corrupt(_) => ApiError::Internal(Box::new(error)),
             ReadError::CursorNotInFeed(refused) => ApiError::CursorNotInFeed(refused.to_string()),
+            ReadError::RolledBack(why) => ApiError::LogRolledBack(why),
         }
     }
 }

@@ -583,6 +583,9 @@ impl Intake {
             }
             Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
             Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
+            Some(Err(rolled_back @ ProofError::RolledBack { .. })) => Err(ReadError::RolledBack(
+                format!("{rolled_back}: the log was rolled back (a restore, or a failover that lost commits)"),
+            )),
             _ => Ok(None),
         }
     }
@@ -590,8 +593,8 @@ impl Intake {
     /// Where a verifying reader starts at the checkpoint of `size` leaves
     /// (`GET /v1/checkpoint/start`): the tree's right edge and the feed
     /// cursor after its last leaf. `None` while the newest checkpoint
-    /// holds fewer. A last leaf whose plan is gone cannot be placed in the
-    /// feed: corrupt, as an audit would say.
+    /// holds fewer. A last leaf whose plan is gone (deleted around the
+    /// service) is placed after the last plan before it that is there.
     pub fn checkpoint_start(
         &self,
         size: u64,
@@ -609,12 +612,8 @@ impl Intake {
                     Some((position, receipt_id)) => {
                         feed::Cursor::after_receipt(position, &receipt_id).encode()
                     }
-                    None if size == 0 => feed::Cursor::default().encode(),
-                    None => {
-                        return Err(ReadError::Corrupt(
-                            format!("the plan of log index {} is gone", size - 1).into(),
-                        ));
-                    }
+                    // No leaf's plan is left: the feed's start.
+                    None => feed::Cursor::default().encode(),
                 };
                 let found = receipt_log::CheckpointStart {
                     edge: edge.iter().map(ToString::to_string).collect(),
@@ -708,7 +707,7 @@ impl Intake {
                 let text = receipt_log::proof_text(index, &proof, &checkpoint.note);
                 Ok(Some(self.replicated(Some(text), deadline)?))
             }
-            Some(Err(ProofError::NotYet)) => Ok(Some(None)),
+            Some(Err(ProofError::NotYet | ProofError::RolledBack { .. })) => Ok(Some(None)),
             Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
             Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
             None => Ok(Some(None)),

@@ -28,6 +28,10 @@ pub enum ReadError {
     /// The feed cursor sent cannot be placed in this feed: the caller's.
     #[error(transparent)]
     CursorNotInFeed(#[from] super::feed::CursorNotInFeed),
+    /// The caller holds a checkpoint of more leaves than the log's newest:
+    /// the log was rolled back (a restore, a failover that lost commits).
+    #[error("{0}")]
+    RolledBack(String),
 }
 
 impl From<StorageError> for ReadError {

@@ -519,6 +519,9 @@ pub enum ProofError {
     NotYet,
     #[error("the receipt log's stored hashes do not make a tree: {0}")]
     Tree(String),
+    /// Asked from a checkpoint of `since` leaves, more than the newest.
+    #[error("the newest checkpoint holds {newest} leaves, fewer than the {since} asked from")]
+    RolledBack { since: u64, newest: u64 },
 }
 
 /// An inclusion proof of `receipt_id` in the newest checkpoint: its leaf
@@ -562,15 +565,24 @@ pub type Extension = (CheckpointRow, Vec<Hash>, Option<Vec<Hash>>);
 
 /// The newest checkpoint and the consistency proofs to it from the trees
 /// of `size` leaves and of `since` leaves (a proof from 0 leaves, or from
-/// the checkpoint's own size, is empty; `since` past the checkpoint gets
-/// none). `NotYet` while the newest checkpoint holds fewer than `size`.
+/// the checkpoint's own size, is empty). `NotYet` while the newest
+/// checkpoint holds fewer than `size`; `RolledBack` when it holds fewer
+/// than `since`, which a checkpoint signed before held: no wait mends it.
 pub fn extension(
     conn: &mut DbConn,
     size: u64,
     since: Option<u64>,
 ) -> Result<Extension, ProofError> {
-    let checkpoint = latest_checkpoint(conn)?.ok_or(ProofError::NotYet)?;
+    let Some(checkpoint) = latest_checkpoint(conn)? else {
+        return Err(match since {
+            Some(since) if since > 0 => ProofError::RolledBack { since, newest: 0 },
+            _ => ProofError::NotYet,
+        });
+    };
     let newest = u64::try_from(checkpoint.tree_size).unwrap_or(0);
+    if let Some(since) = since.filter(|&since| since > newest) {
+        return Err(ProofError::RolledBack { since, newest });
+    }
     if size > newest {
         return Err(ProofError::NotYet);
     }
@@ -595,7 +607,8 @@ pub type Start = (Vec<Hash>, Option<(FeedPosition, String)>);
 /// Where a reader starts at the tree of `size` leaves (at most the newest
 /// checkpoint's, else `NotYet`): the roots of its perfect subtrees,
 /// largest first, and the feed position and receipt of its last leaf
-/// (`None` for the empty tree, or a leaf whose plan is gone).
+/// whose plan is still there (`None` for the empty tree, or when every
+/// leaf's plan is gone).
 pub fn start_at(conn: &mut DbConn, size: u64) -> Result<Start, ProofError> {
     let newest = latest_checkpoint(conn)?
         .and_then(|c| u64::try_from(c.tree_size).ok())
@@ -617,18 +630,22 @@ pub fn start_at(conn: &mut DbConn, size: u64) -> Result<Start, ProofError> {
     let Some(last) = size.checked_sub(1).and_then(|n| i64::try_from(n).ok()) else {
         return Ok((edge, None));
     };
-    let receipt_id: String = with_conn!(conn, c => receipt_log::table
-        .filter(receipt_log::leaf_index.eq(last))
-        .select(receipt_log::receipt_id)
-        .first(c))?;
-    let position: Option<(i64, i64)> = with_conn!(conn, c => plans::table
-        .filter(plans::receipt_id.eq(&receipt_id))
-        .select((plans::feed_xid, plans::id))
+    // The last leaf's plan; if it is gone (deleted around the service),
+    // the last plan still there among the leaves before it: the feed skips
+    // the gone ones, so after that one is after the last leaf too.
+    let last_there: Option<(i64, i64, String)> = with_conn!(conn, c => plans::table
+        .filter(plans::receipt_id.eq_any(
+            receipt_log::table
+                .filter(receipt_log::leaf_index.le(last))
+                .select(receipt_log::receipt_id),
+        ))
+        .order((plans::feed_xid.desc(), plans::id.desc()))
+        .select((plans::feed_xid, plans::id, plans::receipt_id))
         .first(c)
         .optional())?;
     Ok((
         edge,
-        position.map(|(xid, id)| (FeedPosition { xid, id }, receipt_id)),
+        last_there.map(|(xid, id, receipt_id)| (FeedPosition { xid, id }, receipt_id)),
     ))
 }
 

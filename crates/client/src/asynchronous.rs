@@ -157,21 +157,9 @@ impl AsyncClient {
         let extended = verified
             .extend(keys, &page.receipts, options.expand)
             .map_err(|e| FollowError::Unverified(e.message))?;
-        let size = extended.size();
-        let query = format!(
-            "{}{}",
-            self.base,
-            extension_query(size, &extended.since_query(), EXTENSION_WAIT_SECS)
-        );
-        let mut failures = 0u32;
-        let answer = loop {
-            failures += 1;
-            let exchange = Exchange::from_reqwest(self.get(&query).await).await;
-            match judge_extension(exchange, size, backoff, failures)? {
-                ExtensionVerdict::Answer(answer) => break answer,
-                ExtensionVerdict::Wait(delay) => tokio::time::sleep(delay).await,
-            }
-        };
+        let answer = self
+            .extension(extended.size(), &extended.since_query(), verified, keys, backoff)
+            .await?;
         match Verified::prove(&extended, &answer, keys) {
             Ok(proven) => {
                 self.check_unpinned(&extended, backoff).await?;
@@ -197,6 +185,75 @@ impl AsyncClient {
             }
             Err(refused) => Err(FollowError::Unverified(refused.message)),
         }
+    }
+
+    /// The newest checkpoint with its proofs from a tree of `size` leaves,
+    /// waited for as the blocking follower waits, `held` to the service's
+    /// newest checkpoint meanwhile (a log rolled back is 76 at once).
+    #[cfg(feature = "verify")]
+    async fn extension(
+        &self,
+        size: u64,
+        since: &str,
+        held: &crate::verify::Verified,
+        keys: &plan_intake_wire::evidence::TrustedKeys,
+        backoff: &super::Backoff,
+    ) -> Result<plan_intake_wire::evidence::CheckpointExtension, FollowError> {
+        use super::follow::{NEWEST_CHECKPOINT, judge_newest};
+        let query = format!(
+            "{}{}",
+            self.base,
+            extension_query(size, since, EXTENSION_WAIT_SECS)
+        );
+        let mut failures = 0u32;
+        loop {
+            failures += 1;
+            let exchange = Exchange::from_reqwest(self.get(&query).await).await;
+            match judge_extension(exchange, size, backoff, failures)? {
+                ExtensionVerdict::Answer(answer) => return Ok(answer),
+                ExtensionVerdict::Wait(delay) => tokio::time::sleep(delay).await,
+                ExtensionVerdict::CheckThenWait(delay) => {
+                    let url = format!("{}{NEWEST_CHECKPOINT}", self.base);
+                    let newest = Exchange::from_reqwest(self.get(&url).await).await;
+                    judge_newest(newest, held, keys)?;
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Where a verifying follower goes on from what it verified, as the
+    /// blocking follower finds it (`follow::Run::resume`).
+    #[cfg(feature = "verify")]
+    async fn resume(
+        &self,
+        options: &FollowOptions,
+        backoff: &super::Backoff,
+        proof: &crate::verify::Verified,
+    ) -> Result<(Option<FeedCursor>, Proof), FollowError> {
+        use super::follow::{has_resume_point, resumed, start_query};
+        let Some(keys) = &options.verify else {
+            return Err(no_proof());
+        };
+        if !has_resume_point(proof) {
+            return Ok((None, Some(proof.clone())));
+        }
+        let extended = proof
+            .extend(keys, &[], false)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        let answer = self
+            .extension(proof.size, &extended.since_query(), proof, keys, backoff)
+            .await?;
+        let proven = resumed(proof, &extended, &answer, keys)?;
+        let start: plan_intake_wire::evidence::CheckpointStart = self
+            .evidence(&start_query(proven.size), backoff, |body| {
+                serde_json::from_str(body).map_err(|e| e.to_string())
+            })
+            .await?;
+        proven
+            .check_start(&start)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        Ok((Some(start.after), Some(proven)))
     }
 
     /// The page's receipts under keys the reader does not pin, held to
@@ -375,6 +432,12 @@ where
     let backoff = backoff_of(options);
     let mut done = Followed::default();
     let (mut cursor, mut proof) = match start_of(options)? {
+        #[cfg(feature = "verify")]
+        Start::Saved(cursor, rest) => match proof_of_saved(options, &rest)? {
+            Some(verified) => client.resume(options, &backoff, &verified).await?,
+            None => (Some(cursor), None),
+        },
+        #[cfg(not(feature = "verify"))]
         Start::Saved(cursor, rest) => (Some(cursor), proof_of_saved(options, &rest)?),
         Start::First => (None, fresh_proof(options)),
         #[cfg(feature = "verify")]
@@ -396,14 +459,37 @@ where
         }
     };
     let mut lag = LagReport::new(options);
+    // A verifying follower whose cursor the service refuses goes on from
+    // what it proved, once in a row.
+    #[cfg(feature = "verify")]
+    let mut resumed_at: Option<Option<FeedCursor>> = None;
     loop {
-        let page = client
+        let fetched = client
             .fetch(
                 options,
                 cursor.as_ref().map(FeedCursor::as_str),
                 options.wait,
             )
-            .await?;
+            .await;
+        let page = match fetched {
+            #[cfg(feature = "verify")]
+            Err(FollowError::BadCursor(why)) if proof.is_some() => {
+                if resumed_at.as_ref() == Some(&cursor) {
+                    return Err(super::follow::refused_again(&proof, &why));
+                }
+                let Some(verified) = proof.clone() else {
+                    return Err(no_proof());
+                };
+                (cursor, proof) = client.resume(options, &backoff, &verified).await?;
+                resumed_at = Some(cursor.clone());
+                continue;
+            }
+            fetched => fetched?,
+        };
+        #[cfg(feature = "verify")]
+        {
+            resumed_at = None;
+        }
         if page.receipts.is_empty() {
             check_empty(&proof)?;
             lag.at_end();

@@ -231,10 +231,37 @@ pub fn follow(
     };
     done.cursor_saved = saved;
     let mut lag = LagReport::new(options);
+    // A verifying follower whose cursor the service refuses goes on from
+    // what it proved, once in a row (`Run::resume`).
+    #[cfg(feature = "verify")]
+    let mut resumed_at: Option<Option<FeedCursor>> = None;
     loop {
-        let Some(page) = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait)? else {
+        let fetched = run.fetch(cursor.as_ref().map(FeedCursor::as_str), options.wait);
+        let page = match fetched {
+            #[cfg(feature = "verify")]
+            Err(FollowError::BadCursor(why)) if proof.is_some() => {
+                if resumed_at.as_ref() == Some(&cursor) {
+                    return Err(refused_again(&proof, &why));
+                }
+                let Some(verified) = proof.clone() else {
+                    return Err(no_proof());
+                };
+                let Some((at, proven)) = run.resume(&verified)? else {
+                    return Ok(done);
+                };
+                (cursor, proof) = (at, proven);
+                resumed_at = Some(cursor.clone());
+                continue;
+            }
+            fetched => fetched?,
+        };
+        let Some(page) = page else {
             return Ok(done);
         };
+        #[cfg(feature = "verify")]
+        {
+            resumed_at = None;
+        }
         if page.receipts.is_empty() {
             check_empty(&proof)?;
             lag.at_end();
@@ -512,6 +539,12 @@ impl Run<'_> {
         match start_of(self.options)? {
             Start::Saved(cursor, rest) => {
                 let proof = proof_of_saved(self.options, &rest)?;
+                #[cfg(feature = "verify")]
+                if let Some(verified) = &proof {
+                    return Ok(self
+                        .resume(verified)?
+                        .map(|(cursor, proof)| (cursor, false, proof)));
+                }
                 Ok(Some((Some(cursor), false, proof)))
             }
             Start::First => Ok(Some((None, false, fresh_proof(self.options)))),
@@ -555,7 +588,7 @@ impl Run<'_> {
             .extend(keys, &page.receipts, self.options.expand)
             .map_err(|e| FollowError::Unverified(e.message))?;
         let since = extended.since_query();
-        let Some(answer) = self.extension(extended.size(), &since)? else {
+        let Some(answer) = self.extension(extended.size(), &since, verified)? else {
             return Ok(None);
         };
         match Verified::prove(&extended, &answer, keys) {
@@ -663,11 +696,14 @@ impl Run<'_> {
     /// The newest checkpoint with its proofs from a tree of `size` leaves
     /// (`GET /v1/checkpoint/extension`), waited for while the log has not
     /// taken them yet. `None`: asked to stop meanwhile.
+    /// `held`: what was verified before, held to the service's newest
+    /// checkpoint while none extends it (a log rolled back is 76 at once).
     #[cfg(feature = "verify")]
     fn extension(
         &mut self,
         size: u64,
         since: &str,
+        held: &crate::verify::Verified,
     ) -> Result<Option<plan_intake_wire::evidence::CheckpointExtension>, FollowError> {
         let query = extension_query(size, since, EXTENSION_WAIT_SECS);
         let waits = Duration::from_secs(EXTENSION_WAIT_SECS);
@@ -677,15 +713,62 @@ impl Run<'_> {
                 return Ok(None);
             };
             failures += 1;
-            let delay = match judge_extension(exchange, size, &self.backoff, failures) {
-                Ok(ExtensionVerdict::Answer(answer)) => return Ok(Some(answer)),
-                Ok(ExtensionVerdict::Wait(delay)) => delay,
-                Err(error) => return Err(error),
+            let delay = match judge_extension(exchange, size, &self.backoff, failures)? {
+                ExtensionVerdict::Answer(answer) => return Ok(Some(answer)),
+                ExtensionVerdict::Wait(delay) => delay,
+                ExtensionVerdict::CheckThenWait(delay) => {
+                    let Some(newest) = self.get_unless_stopped(NEWEST_CHECKPOINT, Duration::ZERO)
+                    else {
+                        return Ok(None);
+                    };
+                    if let Some(keys) = &self.options.verify {
+                        judge_newest(newest, held, keys)?;
+                    }
+                    delay
+                }
             };
             if pause_unless_stopped(self.stop, delay) {
                 return Ok(None);
             }
         }
+    }
+
+    /// Where a verifying follower goes on from what it verified (`proof`,
+    /// saved or in hand): the service's newest checkpoint must still hold
+    /// it (else 76: rolled back, forked), and the feed cursor after its
+    /// last leaf is the service's start there, its edge held to the proof.
+    /// The cursor saved beside the proof is not trusted: it is what the
+    /// service said, not what was proven (a `next` moved ahead, a row at
+    /// it deleted). `None`: asked to stop meanwhile.
+    #[cfg(feature = "verify")]
+    fn resume(
+        &mut self,
+        proof: &crate::verify::Verified,
+    ) -> Result<Option<(Option<FeedCursor>, Proof)>, FollowError> {
+        let Some(keys) = self.options.verify.clone() else {
+            return Err(no_proof());
+        };
+        if !has_resume_point(proof) {
+            return Ok(Some((None, Some(proof.clone()))));
+        }
+        let extended = proof
+            .extend(&keys, &[], false)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        let Some(answer) = self.extension(proof.size, &extended.since_query(), proof)? else {
+            return Ok(None);
+        };
+        let proven = resumed(proof, &extended, &answer, &keys)?;
+        let Some(start) = self.evidence(&start_query(proven.size), |body| {
+            serde_json::from_str::<plan_intake_wire::evidence::CheckpointStart>(body)
+                .map_err(|e| e.to_string())
+        })?
+        else {
+            return Ok(None);
+        };
+        proven
+            .check_start(&start)
+            .map_err(|e| FollowError::Unverified(e.message))?;
+        Ok(Some((Some(start.after), Some(proven))))
     }
 
     /// One page past `after`, retried (with backoff) until the service
@@ -806,6 +889,9 @@ pub(crate) enum ExtensionVerdict {
     Answer(plan_intake_wire::evidence::CheckpointExtension),
     /// Ask again after this long.
     Wait(Duration),
+    /// Hold what was verified to the service's newest checkpoint first
+    /// (the log may have been rolled back), then ask again after this long.
+    CheckThenWait(Duration),
 }
 
 /// The rules for a checkpoint-extension answer, both APIs': the answer;
@@ -837,8 +923,21 @@ pub(crate) fn judge_extension(
                     "no signed checkpoint holds log index {} yet (is the service signing? `/readyz` says): waiting",
                     size.saturating_sub(1)
                 );
+                // A log rolled back never catches up: said at once, not
+                // waited for.
+                return Ok(ExtensionVerdict::CheckThenWait(delay));
             }
             Ok(ExtensionVerdict::Wait(delay))
+        }
+        // The service's own word that the log holds fewer leaves than a
+        // checkpoint verified before; held to its newest checkpoint.
+        Exchange::Answer(answer) if answer.is_problem(LOG_ROLLED_BACK) => {
+            Ok(ExtensionVerdict::CheckThenWait(retry_wait(
+                backoff,
+                failures,
+                &answer.summary(),
+                answer.retry_after,
+            )))
         }
         Exchange::Answer(answer) if matches!(answer.status, 408 | 429 | 500..=599) => {
             Ok(ExtensionVerdict::Wait(retry_wait(
@@ -864,6 +963,65 @@ pub(crate) fn judge_extension(
 /// The newest checkpoint, as a signed note.
 #[cfg(feature = "verify")]
 pub(crate) const NEWEST_CHECKPOINT: &str = "/v1/checkpoint";
+
+/// The problem type of an extension asked from a checkpoint larger than
+/// the log's newest.
+#[cfg(feature = "verify")]
+pub(crate) const LOG_ROLLED_BACK: &str = "log-rolled-back";
+
+/// The service's newest checkpoint (`GET /v1/checkpoint`'s exchange) held
+/// against what was verified (`proof`): 76 if it proves the log rolled
+/// back, forked or another's; an answer that proves nothing passes.
+#[cfg(feature = "verify")]
+pub(crate) fn judge_newest(
+    exchange: Exchange,
+    proof: &crate::verify::Verified,
+    keys: &plan_intake_wire::evidence::TrustedKeys,
+) -> Result<(), FollowError> {
+    let newest = match exchange {
+        Exchange::Answer(answer) if answer.status == 200 => {
+            let newest = plan_intake_wire::evidence::verify_checkpoint(&answer.body, keys)
+                .map_err(|e| {
+                    FollowError::Unverified(format!(
+                        "log index {}: the service's newest checkpoint: signature check: {e}",
+                        proof.size
+                    ))
+                })?;
+            Some(newest)
+        }
+        Exchange::Answer(answer) if answer.is_problem("not-logged-yet") => None,
+        _ => return Ok(()),
+    };
+    proof
+        .held_by(newest.as_ref())
+        .map_err(|e| FollowError::Unverified(e.message))
+}
+
+/// The proof after a resume, held to the service's newest checkpoint
+/// (`answer`: its extension from what was verified), and the service's
+/// place to go on from (`start`) held to it.
+#[cfg(feature = "verify")]
+pub(crate) fn resumed(
+    proof: &crate::verify::Verified,
+    extended: &crate::verify::Extended,
+    answer: &plan_intake_wire::evidence::CheckpointExtension,
+    keys: &plan_intake_wire::evidence::TrustedKeys,
+) -> Result<crate::verify::Verified, FollowError> {
+    let proven = crate::verify::Verified::prove(extended, answer, keys).map_err(|e| {
+        FollowError::Unverified(format!(
+            "log index {} (resuming; every receipt before it was verified and handed on): {}",
+            proof.size, e.message
+        ))
+    })?;
+    Ok(proven)
+}
+
+/// Whether a verifying follower has anything to resume from (a start at
+/// the feed's first receipt with nothing handed on has not).
+#[cfg(feature = "verify")]
+pub(crate) fn has_resume_point(proof: &crate::verify::Verified) -> bool {
+    proof.size > 0 || proof.logged().is_some()
+}
 
 /// Every key that signed, as the service publishes them (not trusted).
 #[cfg(feature = "verify")]
@@ -1054,6 +1212,17 @@ pub(crate) fn start_from(
     let verified = crate::verify::Verified::at_checkpoint(note, keys, start)
         .map_err(|e| FollowError::Unverified(e.message))?;
     Ok((start.after.clone(), Some(verified)))
+}
+
+/// The service refuses the cursor its own start after what was verified
+/// gave: it cannot serve the feed after the last leaf handed on.
+#[cfg(feature = "verify")]
+pub(crate) fn refused_again(proof: &Proof, why: &str) -> FollowError {
+    let size = proof.as_ref().map_or(0, |p| p.size);
+    FollowError::Unverified(format!(
+        "log index {size}: the service refuses the feed cursor its own start after log index {} gave ({why}); every receipt before it was verified",
+        size.saturating_sub(1)
+    ))
 }
 
 /// A verifying follower with nothing proven to go on from (a bug: it

@@ -27,8 +27,8 @@ use tlog_tiles::{Hash, node_hash, record_hash};
 
 use plan_intake_wire::Receipt;
 use plan_intake_wire::evidence::{
-    BadSignature, CheckpointExtension, TrustedKeys, signed_form, verify_checkpoint,
-    verify_receipt_form,
+    BadSignature, CheckpointExtension, TrustedKeys, VerifiedCheckpoint, signed_form,
+    verify_checkpoint, verify_receipt_form,
 };
 
 /// What a verifying follower proved so far; saved with each cursor.
@@ -381,6 +381,78 @@ impl Verified {
             ));
         }
         Ok(state)
+    }
+
+    /// Whether the service's newest checkpoint (`None`: it has none)
+    /// still holds what this proof verified: the same log, at least as many
+    /// leaves as were handed on and as the checkpoint saved, and the same
+    /// root at that checkpoint's size. Fewer is a log rolled back (a
+    /// restore, a failover that lost commits): nothing the service does
+    /// later can bring those leaves back as they were.
+    pub fn held_by(&self, newest: Option<&VerifiedCheckpoint>) -> Result<(), Unverified> {
+        let held = self.size.max(self.logged().unwrap_or(0));
+        let rolled_back = |newest_size: u64, what: String| {
+            unverified(format!(
+                "log index {newest_size}: {what}, but {held} verified before (the receipts handed on to log index {} and a checkpoint of {held}): the log was rolled back (a restore, or a failover that lost commits); receipts at log indexes {newest_size} to {} may come again as others",
+                self.size.saturating_sub(1),
+                held - 1
+            ))
+        };
+        let Some(newest) = newest else {
+            return match held {
+                0 => Ok(()),
+                _ => Err(rolled_back(
+                    0,
+                    "the service has no signed checkpoint".to_owned(),
+                )),
+            };
+        };
+        if let Some((size, root, origin)) = &self.checkpoint {
+            if newest.origin != *origin {
+                return Err(unverified(format!(
+                    "log index 0: the service's newest checkpoint is of the log {:?}, not {origin:?}: another deployment's",
+                    newest.origin
+                )));
+            }
+            if newest.size == *size && newest.root != *root {
+                return Err(unverified(format!(
+                    "log index {}: the service's newest checkpoint of {size} leaves has another root than the one verified before: the log forked at or before this index",
+                    size.saturating_sub(1)
+                )));
+            }
+        }
+        if newest.size < held {
+            return Err(rolled_back(
+                newest.size,
+                format!(
+                    "the service's newest checkpoint holds {} receipts",
+                    newest.size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The service's answer where to start after this proof's last leaf
+    /// (`GET /v1/checkpoint/start`) agrees with what was verified: its
+    /// edge is this tree's.
+    pub fn check_start(
+        &self,
+        start: &plan_intake_wire::evidence::CheckpointStart,
+    ) -> Result<(), Unverified> {
+        let edge = parse_proof(&start.edge).map_err(|e| {
+            unverified(format!(
+                "log index {}: the service's edge of the tree: {e}",
+                self.size
+            ))
+        })?;
+        if edge != self.edge {
+            return Err(unverified(format!(
+                "log index {}: the service's edge of the tree of {} leaves is not the one verified: the log forked before this index",
+                self.size, self.size
+            )));
+        }
+        Ok(())
     }
 
     /// An empty page after this proof: refused while a checkpoint met
