@@ -583,9 +583,11 @@ impl Intake {
             }
             Some(Err(ProofError::Database(e))) => Err(crate::storage::StorageError::from(e).into()),
             Some(Err(ProofError::Tree(e))) => Err(ReadError::Corrupt(e.into())),
-            Some(Err(rolled_back @ ProofError::RolledBack { .. })) => Err(ReadError::RolledBack(
-                format!("{rolled_back}: the log was rolled back (a restore, or a failover that lost commits)"),
-            )),
+            Some(Err(rolled_back @ ProofError::RolledBack { .. })) => {
+                Err(ReadError::RolledBack(format!(
+                    "{rolled_back}: the log was rolled back (a restore, or a failover that lost commits)"
+                )))
+            }
             _ => Ok(None),
         }
     }

@@ -3,14 +3,24 @@
 //! verifying reader does when the database behind the service is
 //! restored, rolled back or loses a row.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use crate::evidence::{arg, checkpoint_of_at_least, checkpoint_size, generate_key, submit};
+use serde_json::Value;
+
+use crate::evidence::{
+    arg, checkpoint_of_at_least, checkpoint_size, generate_key, serve_signed, submit, write,
+};
 use crate::on_both_backends_sync;
 use crate::support::TestDb;
 use crate::support::process::{ServeProcess, login_via_cli};
+use crate::tools::tool;
+use plan_intake::storage::Backend;
 
-on_both_backends_sync!(a_checkpoint_is_kept_before_it_is_handed_out,);
+on_both_backends_sync!(
+    a_checkpoint_is_kept_before_it_is_handed_out,
+    a_restore_is_named_by_every_verifying_reader,
+);
 
 /// The second line of a checkpoint note: its root.
 fn root_of(note: &str) -> &str {
@@ -58,5 +68,197 @@ fn a_checkpoint_is_kept_before_it_is_handed_out(db: TestDb) {
         assert_eq!(root_of(&signed), root_of(&in_file), "{signed}");
     }
     assert_eq!(kept(&file), signed, "the file keeps what is handed out");
+    drop(service);
+}
+
+/// What one `follow --verify --drain` run did.
+struct Followed {
+    code: Option<i32>,
+    stderr: String,
+    /// The receipt ids it handed on, in order.
+    handed: Vec<String>,
+}
+
+/// `follow --verify --drain` with the cursor file `cursor` and `more`.
+fn follow(addr: &str, keys: &Path, reader: &str, cursor: &Path, more: &[&str]) -> Followed {
+    let mut args = vec![
+        "follow",
+        "--verify",
+        "--keys",
+        arg(keys),
+        "--cursor-file",
+        arg(cursor),
+        "--drain",
+        "--limit",
+        "3",
+    ];
+    args.extend(more);
+    let out = tool(&args, &format!("http://{addr}"), reader)
+        .output()
+        .expect("follow");
+    let handed = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let receipt: Value = serde_json::from_str(line).expect("a receipt line");
+            receipt["receipt_id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    Followed {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        handed,
+    }
+}
+
+fn ids(receipts: &[Value]) -> Vec<String> {
+    receipts
+        .iter()
+        .map(|r| r["receipt_id"].as_str().expect("an id").to_owned())
+        .collect()
+}
+
+/// A backup of the database as an operator takes one: `VACUUM INTO` for
+/// SQLite, `pg_dump` of the schema for Postgres.
+fn back_up(db: &TestDb, dir: &Path) -> PathBuf {
+    match db.backend {
+        Backend::Sqlite => {
+            let path = dir.join("backup.db");
+            crate::evidence::tamper(db, &format!("VACUUM INTO '{}'", path.display()));
+            path
+        }
+        Backend::Postgres => {
+            let schema = db.schema.as_deref().expect("a scratch schema");
+            let dump = Command::new("pg_dump")
+                .args(["-d", &crate::support::postgres_base_url(), "-n", schema])
+                .args(["--no-owner"])
+                .output()
+                .expect("pg_dump");
+            assert!(
+                dump.status.success(),
+                "{}",
+                String::from_utf8_lossy(&dump.stderr)
+            );
+            write(dir, "backup.sql", &String::from_utf8_lossy(&dump.stdout))
+        }
+    }
+}
+
+/// The backup restored in place, under whatever runs on the database:
+/// SQLite's backup API (`sqlite3 .restore`), or the schema dropped and the
+/// dump played back.
+fn restore(db: &TestDb, backup: &Path) {
+    let out = match db.backend {
+        Backend::Sqlite => {
+            let file = db.url.trim_start_matches("sqlite://");
+            Command::new("sqlite3")
+                .args([file, ".timeout 20000"])
+                .arg(format!(".restore '{}'", backup.display()))
+                .output()
+                .expect("sqlite3")
+        }
+        Backend::Postgres => {
+            let schema = db.schema.as_deref().expect("a scratch schema");
+            Command::new("psql")
+                .args(["-q", "-v", "ON_ERROR_STOP=1", "-d"])
+                .arg(crate::support::postgres_base_url())
+                .args(["-c", &format!("DROP SCHEMA \"{schema}\" CASCADE")])
+                .args(["-f", arg(backup)])
+                .output()
+                .expect("psql")
+        }
+    };
+    assert!(
+        out.status.success(),
+        "the restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The drill: a verifying reader follows; the database is backed up, more
+/// plans arrive and are followed, and the backup is restored, first under
+/// the running service and then served by a fresh one. Every verifying
+/// reader that verified past the backup exits 76 naming the rollback (and
+/// the fork, once the restored log grows past it), never 65, never a
+/// wait; so does a new one started from a checkpoint kept before the
+/// restore that the restored log does not hold. One started from a
+/// checkpoint the restored log extends goes on.
+fn a_restore_is_named_by_every_verifying_reader(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let keys = PathBuf::from(format!("{}.pub", key.display()));
+    let service = serve_signed(&db.url, &[&key]);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let cursor = dir.path().join("orders.cursor");
+
+    let kept = ids(&submit(&service.addr, &planner, "kept", 4));
+    let run = follow(&service.addr, &keys, &reader, &cursor, &["--from-start"]);
+    assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
+    let backed_up = write(
+        dir.path(),
+        "backed-up.checkpoint",
+        &checkpoint_of_at_least(&service.addr, 4),
+    );
+    let backup = back_up(&db, dir.path());
+
+    let lost = ids(&submit(&service.addr, &planner, "lost", 3));
+    let run = follow(&service.addr, &keys, &reader, &cursor, &[]);
+    assert_eq!((run.code, &run.handed), (Some(0), &lost), "{}", run.stderr);
+    let verified = checkpoint_of_at_least(&service.addr, 7);
+    let verified_path = write(dir.path(), "verified.checkpoint", &verified);
+
+    // Swapped under the running service; it takes plans on.
+    restore(&db, &backup);
+    submit(&service.addr, &planner, "after-restore", 2);
+    let run = follow(&service.addr, &keys, &reader, &cursor, &[]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("rolled back") && run.handed.is_empty(),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("remove"),
+        "no advice that discards the proof: {}",
+        run.stderr
+    );
+    service.terminate();
+
+    // Served by a fresh instance: it signs the restored log on, 6 leaves
+    // and then more than the 7 verified, a fork of them.
+    let service = serve_signed(&db.url, &[&key]);
+    checkpoint_of_at_least(&service.addr, 6);
+    let run = follow(&service.addr, &keys, &reader, &cursor, &[]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(run.stderr.contains("rolled back"), "{}", run.stderr);
+    let more = ids(&submit(&service.addr, &planner, "more", 2));
+    checkpoint_of_at_least(&service.addr, 8);
+    let run = follow(&service.addr, &keys, &reader, &cursor, &[]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("fork") && run.handed.is_empty(),
+        "{}",
+        run.stderr
+    );
+
+    // New readers: from the checkpoint verified before the restore, 76;
+    // from the one kept at the backup, which the restored log extends,
+    // every receipt after it.
+    let fresh = |name: &str, checkpoint: &Path| {
+        follow(
+            &service.addr,
+            &keys,
+            &reader,
+            &dir.path().join(name),
+            &["--from-checkpoint", arg(checkpoint)],
+        )
+    };
+    let run = fresh("from-verified.cursor", &verified_path);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(run.handed.is_empty(), "{}", run.stderr);
+    let run = fresh("from-backup.cursor", &backed_up);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed.len(), 4, "{}", run.stderr);
+    assert_eq!(run.handed[2..], more[..], "{}", run.stderr);
     drop(service);
 }

@@ -35,6 +35,8 @@ on_both_backends_sync!(
     an_honest_feed_is_handed_on_once_and_verification_resumes,
     each_tampering_is_named_and_nothing_past_it_is_saved,
     rows_edited_or_deleted_after_they_were_logged_are_named,
+    a_next_moved_ahead_is_never_resumed_from,
+    a_deleted_row_at_the_cursor_is_gone_past,
 );
 
 /// Receipts each test writes.
@@ -1135,4 +1137,63 @@ async fn an_async_follower_verifies_too() {
         other => panic!("not refused: {other:?}"),
     }
     assert_eq!(handed, logged.ids[..PLANS - 1]);
+}
+
+/// A page whose `next` jumps ahead (a proxy rewriting the first page's)
+/// stops the follower at the next page with 76; resumed against the
+/// honest service it goes on from what it proved (its leaf count), not
+/// from the cursor it was handed, and hands on the rest once.
+fn a_next_moved_ahead_is_never_resumed_from(db: TestDb) {
+    let logged = logged(&db);
+    crate::evidence::checkpoint_of_at_least(&logged.service.addr, PLANS as u64);
+    let cursors = page_cursors(&logged, 2);
+    let ahead = cursors[2].clone();
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let proxy = rewriting_proxy(&logged, move |target: &str, body: Vec<u8>| {
+        if !target.starts_with("/v1/receipts?")
+            || answered.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return body;
+        }
+        let mut page: Value = serde_json::from_slice(&body).expect("a page");
+        page["next"] = Value::from(ahead.as_str());
+        serde_json::to_vec(&page).expect("json")
+    });
+    let run = follow_verified(&proxy.url, &logged, "ahead.cursor", 2);
+    refused_at(&run, 2, 2, &logged.ids);
+    let honest = format!("http://{}", logged.service.addr);
+    let run = follow_verified(&honest, &logged, "ahead.cursor", 2);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed, logged.ids[2..], "{}", run.stderr);
+}
+
+/// The plan row of the last receipt a follower handed on, deleted around
+/// the service: `GET /v1/checkpoint/start` still places the feed after
+/// that leaf (200, not 500), and the follower goes on past it with the
+/// receipts that follow, none twice, none missing.
+fn a_deleted_row_at_the_cursor_is_gone_past(db: TestDb) {
+    let logged = logged(&db);
+    let url = format!("http://{}", logged.service.addr);
+    let run = follow_verified(&url, &logged, "orders.cursor", 3);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed, logged.ids);
+    tamper(
+        &db,
+        &format!(
+            "DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{0}');
+             DELETE FROM plans WHERE receipt_id = '{0}';",
+            logged.ids[PLANS - 1]
+        ),
+    );
+    let (status, start) = crate::evidence::get_text(
+        &logged.service.addr,
+        None,
+        &format!("/v1/checkpoint/start?size={PLANS}"),
+    );
+    assert_eq!(status, 200, "{start}");
+    let planner = login_via_cli(&db.url, "planner-b", "plans:submit");
+    let later = write_plans(&logged.service, &planner, "later", 2);
+    let run = follow_verified(&url, &logged, "orders.cursor", 3);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.handed, later, "{}", run.stderr);
 }

@@ -158,7 +158,13 @@ impl AsyncClient {
             .extend(keys, &page.receipts, options.expand)
             .map_err(|e| FollowError::Unverified(e.message))?;
         let answer = self
-            .extension(extended.size(), &extended.since_query(), verified, keys, backoff)
+            .extension(
+                extended.size(),
+                &extended.since_query(),
+                verified,
+                keys,
+                backoff,
+            )
             .await?;
         match Verified::prove(&extended, &answer, keys) {
             Ok(proven) => {
