@@ -35,7 +35,7 @@ pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
         (status = 408, description = "The body did not arrive within the client timeout; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the limit (default 1 MiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Validation failed (`errors` names each field), the key was used for a different request (type …/idempotency-key-reused), or a rule of the table refuses the plan (type …/refused-by-database)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation failed (`errors` names each field; a plan whose receipt would pass 65,535 bytes in its signed form, the largest leaf of the receipt log's tiles, is refused under `approved_inputs`), the key was used for a different request (type …/idempotency-key-reused), or a rule of the table refuses the plan (type …/refused-by-database)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "This login already has its share of submissions in flight: retry after Retry-After with the same key", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         Refusals,

@@ -337,6 +337,10 @@ impl From<SubmitError> for ApiError {
             SubmitError::KeyReused => ApiError::KeyReused,
             SubmitError::Unauthorized => ApiError::Unauthorized("unknown or revoked token"),
             SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
+            e @ SubmitError::ReceiptTooLarge { .. } => ApiError::Invalid(vec![FieldError {
+                field: "approved_inputs".to_owned(),
+                message: e.to_string(),
+            }]),
             e if e.deadline_passed() => ApiError::Timeout(Box::new(e)),
             e @ SubmitError::Corrupt(_) => ApiError::Internal(Box::new(e)),
             SubmitError::NotSetUp(e) => ApiError::NotSetUp(e),

@@ -259,6 +259,7 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission);
+        submit::check_receipt_size(&caller.login, submission, &parts)?;
         let written = self.write(caller, key, submission, &parts, deadline);
         if matches!(written, Err(SubmitError::Unauthorized)) {
             self.known.forget(&caller.token_hash);
@@ -284,6 +285,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Result<Accepted, SubmitError>, submit::FirstAttempt> {
         let parts = hashing::canonicalize(submission);
+        if let Err(refused) = submit::check_receipt_size(&caller.login, submission, &parts) {
+            return Ok(Err(refused));
+        }
         let answer = self
             .first_attempt(caller, key, submission, &parts, deadline)
             .await;

@@ -67,6 +67,13 @@ pub enum SubmitError {
     /// 503 naming it.
     #[error(transparent)]
     NotSetUp(super::read::NotSetUp),
+    /// The plan's receipt would be larger than a leaf of the receipt log
+    /// may be: 422, nothing written.
+    #[error(
+        "this plan's receipt would be {bytes} bytes, more than the {max} a receipt may be (it is a leaf of the receipt log, whose tiles hold leaves of at most {max} bytes): name fewer or shorter approved inputs",
+        max = plan_intake_wire::body::MAX_RECEIPT_BYTES
+    )]
+    ReceiptTooLarge { bytes: usize },
 }
 
 impl SubmitError {
@@ -455,6 +462,54 @@ fn created(plan: &NewPlan, login: &Login, submission: &Submission) -> Accepted {
         outcome: Outcome::Created,
         receipt,
     }
+}
+
+/// Refuses a plan whose receipt would not fit a leaf of the receipt log
+/// (`MAX_RECEIPT_BYTES`). The receipt's size is known before the write:
+/// its id and timestamp have fixed lengths. Most plans are far below any
+/// doubt, which a bound on their variable parts (each character escaped
+/// at most six times over) shows without making the receipt.
+pub(super) fn check_receipt_size(
+    login: &Login,
+    submission: &Submission,
+    parts: &CanonicalParts,
+) -> Result<(), SubmitError> {
+    use plan_intake_wire::body::MAX_RECEIPT_BYTES;
+    /// The receipt's fixed members and their names, generously.
+    const FIXED: usize = 1024;
+    let variable: usize = submission
+        .approved_inputs
+        .iter()
+        .map(|input| input.id.len() + 3)
+        .sum::<usize>()
+        + submission.run_id.as_str().len()
+        + login.name.len()
+        + login
+            .permission_names()
+            .iter()
+            .map(|p| p.len() + 3)
+            .sum::<usize>();
+    if FIXED + 6 * variable <= MAX_RECEIPT_BYTES {
+        return Ok(());
+    }
+    let plan = NewPlan {
+        receipt_id: new_receipt_id(),
+        maker: login.name.clone(),
+        run_id: submission.run_id.as_str().to_owned(),
+        content_hash: parts.hashes.content_hash.clone(),
+        request_hash: parts.hashes.request_hash.clone(),
+        content: String::new(),
+        approved_inputs: String::new(),
+        permissions: String::new(),
+        received_at: crate::clock::now_micros(),
+        receipt_signature: None,
+    };
+    let bytes = plan_intake_wire::evidence::signed_form(&receipt_of(&plan, login, submission))
+        .map_or(usize::MAX, |form| form.len());
+    if bytes > MAX_RECEIPT_BYTES {
+        return Err(SubmitError::ReceiptTooLarge { bytes });
+    }
+    Ok(())
 }
 
 /// `plan`'s receipt as it will be stored, without signature or outcome.

@@ -20,6 +20,7 @@ use plan_intake::storage::Backend;
 on_both_backends_sync!(
     a_checkpoint_is_kept_before_it_is_handed_out,
     a_restore_is_named_by_every_verifying_reader,
+    no_valid_plan_breaks_the_tiles,
 );
 
 /// The second line of a checkpoint note: its root.
@@ -260,5 +261,80 @@ fn a_restore_is_named_by_every_verifying_reader(db: TestDb) {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.handed.len(), 4, "{}", run.stderr);
     assert_eq!(run.handed[2..], more[..], "{}", run.stderr);
+    drop(service);
+}
+
+/// A plan naming `inputs` approved inputs of 256 characters each.
+fn plan_with_inputs(run: &str, inputs: usize) -> String {
+    let inputs: Vec<Value> = (0..inputs)
+        .map(|i| serde_json::json!({ "id": format!("{i:04}{}", "x".repeat(252)) }))
+        .collect();
+    serde_json::json!({ "run_id": run, "approved_inputs": inputs, "content": {} }).to_string()
+}
+
+/// A plan whose receipt would not fit a leaf of the log's tiles (65,535
+/// bytes) is refused (422 naming the limit, nothing written); the largest
+/// that fits is kept and logged, and its entry bundle is served.
+fn no_valid_plan_breaks_the_tiles(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let agent = crate::support::process::client();
+    let (status, problem) = crate::support::process::post_plan(
+        &agent,
+        &service.addr,
+        &planner,
+        "too-large",
+        &plan_with_inputs("too-large", 1000),
+    )
+    .expect("an answer");
+    let text = problem.to_string();
+    assert_eq!(status, 422, "{text}");
+    assert!(
+        text.contains("validation-failed")
+            && text.contains("approved_inputs")
+            && text.contains("65535"),
+        "{text}"
+    );
+    let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
+    let mut conn = database.conn().expect("connection");
+    assert_eq!(crate::support::count_rows(&mut conn, "plans"), 0);
+    assert_eq!(crate::support::count_rows(&mut conn, "intake_keys"), 0);
+    drop(conn);
+
+    // 240 inputs of 256 characters: a receipt of about 63 KB.
+    let receipt = crate::support::process::keep_plan(
+        &agent,
+        &service.addr,
+        &planner,
+        "largest",
+        &plan_with_inputs("largest", 240),
+    );
+    let leaf = plan_intake_wire::evidence::signed_form(
+        &plan_intake_wire::Receipt::parse(&receipt.to_string()).expect("a receipt"),
+    )
+    .expect("its signed form");
+    assert!(
+        leaf.len() > 60_000 && leaf.len() <= 65_535,
+        "{}",
+        leaf.len()
+    );
+    checkpoint_of_at_least(&service.addr, 1);
+    let bundle = crate::support::process::client()
+        .get(&format!(
+            "http://{}/v1/log/tile/entries/000.p/1",
+            service.addr
+        ))
+        .call()
+        .expect("the entry bundle");
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut bundle.into_reader(), &mut bytes).expect("read");
+    assert_eq!(bytes.len(), 2 + leaf.len());
+    assert_eq!(
+        &bytes[2..],
+        &leaf[..],
+        "the leaf is the receipt's signed form"
+    );
     drop(service);
 }

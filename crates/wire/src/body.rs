@@ -19,6 +19,11 @@ pub const MAX_INPUT_ID_CHARS: usize = 256;
 pub const MAX_APPROVED_INPUTS: u64 = 1000;
 /// The longest approved input `digest`, in characters.
 pub const MAX_DIGEST_CHARS: usize = 256;
+/// The largest receipt, in bytes of its signed form (RFC 8785, without
+/// `signature` and `outcome`): a receipt is a leaf of the receipt log, and
+/// a C2SP tlog-tiles entry bundle holds leaves of at most 65,535 bytes.
+/// Only a plan naming hundreds of long approved input ids comes near it.
+pub const MAX_RECEIPT_BYTES: usize = 65_535;
 /// The `field` of a problem with the body as a whole.
 pub const WHOLE_BODY: &str = "body";
 
