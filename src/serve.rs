@@ -271,9 +271,20 @@ pub fn run(
                 signed,
             );
         }
-        None => tracing::warn!(
-            "receipts are not signed and no receipt log is kept: start with --signing-key PATH (`plan-intake signing-keys generate --out PATH` makes one)"
-        ),
+        None => {
+            // A log already signed must not take leaves unsigned: every
+            // verifying reader would stop at the first for good.
+            // (A database that cannot be read yet, or has migrations
+            // pending, is told by `/readyz` as before.)
+            if let Ok(Some(origin)) = intake.stored_log_origin(&at_start_deadline) {
+                return Err(ServeError::ReceiptLog(format!(
+                    "the database's receipt log {origin:?} is signed, and this instance has no --signing-key: its receipts would be unsigned leaves, and every verifying reader stops at the first of them. Start it with the log's signing key (--signing-key PATH or --signing-key-env NAME), as every other instance on this database"
+                )));
+            }
+            tracing::warn!(
+                "receipts are not signed and no receipt log is kept: start with --signing-key PATH (`plan-intake signing-keys generate --out PATH` makes one)"
+            )
+        }
     }
     // Said once at start, where an operator looks; `/readyz` and the gauge
     // keep saying it. Grants the role lacks for what it was started to do

@@ -186,6 +186,7 @@ pub(crate) fn not_set_up(error: &NotSetUp) -> &'static str {
         NotSetUp::MissingGrants { .. } => "missing-grants",
         NotSetUp::ReceiptLogStuck(_) => "receipt-log-stuck",
         NotSetUp::SigningKeyUnpublished(_) => "signing-key-unpublished",
+        NotSetUp::UnsignedOnSignedLog(_) => "unsigned-on-a-signed-log",
     }
 }
 
@@ -243,7 +244,7 @@ impl ApiError {
             ApiError::NotSetUp(NotSetUp::MigrationsPending(_)) => {
                 "the service's database has migrations pending: an operator must run `plan-intake migrate run`; retry later with the same Idempotency-Key".to_owned()
             }
-            ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_) | NotSetUp::SigningKeyUnpublished(_)) => {
+            ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_) | NotSetUp::SigningKeyUnpublished(_) | NotSetUp::UnsignedOnSignedLog(_)) => {
                 "the service is not ready; an operator must look".to_owned()
             }
             ApiError::NotSetUp(_) => {

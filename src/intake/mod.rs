@@ -766,6 +766,13 @@ impl Intake {
         if let Some(reason) = self.log_stuck.get() {
             return Err(ReadError::NotSetUp(read::NotSetUp::ReceiptLogStuck(reason)));
         }
+        // Refused at start; an instance started before the log was signed
+        // learns it here.
+        if !signing && let Some(origin) = self.stored_log_origin(deadline)? {
+            return Err(ReadError::NotSetUp(read::NotSetUp::UnsignedOnSignedLog(
+                origin,
+            )));
+        }
         Ok(readiness)
     }
 

@@ -75,6 +75,13 @@ pub enum NotSetUp {
         "the signing key cannot be published at GET /v1/signing-keys: {0}; receipts signed meanwhile cannot be checked against the published keys"
     )]
     SigningKeyUnpublished(String),
+    /// This instance signs nothing, and the database's receipt log (named
+    /// here) is signed: its receipts would be unsigned leaves that stop
+    /// every verifying reader.
+    #[error(
+        "the database's receipt log {0:?} is signed, and this instance has no --signing-key: restart it with the log's key, as every other instance on this database"
+    )]
+    UnsignedOnSignedLog(String),
 }
 
 impl From<CorruptRow> for ReadError {

@@ -21,6 +21,7 @@ on_both_backends_sync!(
     a_checkpoint_is_kept_before_it_is_handed_out,
     a_restore_is_named_by_every_verifying_reader,
     no_valid_plan_breaks_the_tiles,
+    a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned,
 );
 
 /// The second line of a checkpoint note: its root.
@@ -337,4 +338,54 @@ fn no_valid_plan_breaks_the_tiles(db: TestDb) {
         "the leaf is the receipt's signed form"
     );
     drop(service);
+}
+
+/// Signing turned on after receipts were kept unsigned (the README's
+/// order: the Quickstart, then `serve --signing-key`): a verifying reader
+/// from the feed's first receipt holds those to their leaves and goes on.
+/// Once the log is signed, an instance without a key refuses to start, one
+/// started before says it is not ready, and a receipt it still kept
+/// unsigned stops every verifying reader at its leaf with 76.
+fn a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let keys = PathBuf::from(format!("{}.pub", key.display()));
+    let unsigned = ServeProcess::start(&db.url);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let mut kept = ids(&submit(&unsigned.addr, &planner, "unsigned", 3));
+    let signed = serve_signed(&db.url, &[&key]);
+    kept.extend(ids(&submit(&signed.addr, &planner, "signed", 2)));
+    checkpoint_of_at_least(&signed.addr, 5);
+
+    let cursor = dir.path().join("orders.cursor");
+    let run = follow(&signed.addr, &keys, &reader, &cursor, &["--from-start"]);
+    assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("before the log's first key"),
+        "{}",
+        run.stderr
+    );
+
+    let said = crate::support::process::serve_refused(&db.url, &[]);
+    assert!(
+        said.contains("is signed") && said.contains("--signing-key"),
+        "{said}"
+    );
+    let (status, ready) = crate::evidence::get_text(&unsigned.addr, None, "/readyz");
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("unsigned-on-a-signed-log"), "{ready}");
+
+    // What it still takes is logged unsigned after signed leaves.
+    let late = ids(&submit(&unsigned.addr, &planner, "late", 1));
+    checkpoint_of_at_least(&signed.addr, 6);
+    let run = follow(&signed.addr, &keys, &reader, &cursor, &[]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("log index 5") && run.stderr.contains(&late[0]),
+        "{}",
+        run.stderr
+    );
+    assert!(run.handed.is_empty(), "{}", run.stderr);
+    drop((unsigned, signed));
 }

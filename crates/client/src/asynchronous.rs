@@ -169,6 +169,7 @@ impl AsyncClient {
         match Verified::prove(&extended, &answer, keys) {
             Ok(proven) => {
                 self.check_unpinned(&extended, backoff).await?;
+                super::follow::warn_unsigned(&extended);
                 Ok(Some(proven))
             }
             Err(refused) if refused.locatable => {

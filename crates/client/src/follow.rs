@@ -619,6 +619,7 @@ impl Run<'_> {
                 if asked > 0 {
                     warn_unpinned(&extended);
                 }
+                warn_unsigned(&extended);
                 Ok(Some(Some(proven)))
             }
             Err(refused) if refused.locatable => {
@@ -1072,6 +1073,19 @@ pub(crate) fn warn_unpinned(extended: &crate::verify::Extended) {
         keys = %extended.unpinned_keys().join(", "),
         "receipts signed by a key the reader does not pin: each is held to its leaf under a checkpoint signed by a pinned key, and its signature to the key GET {PUBLISHED_KEYS} lists; pin that key's .pub to check them under your own copy"
     );
+}
+
+/// Said once a page holds receipts kept before the log's first key: they
+/// carry no signature, and are held to their leaves alone.
+#[cfg(feature = "verify")]
+pub(crate) fn warn_unsigned(extended: &crate::verify::Extended) {
+    if let (Some(first), Some(last)) = (extended.unsigned().first(), extended.unsigned().last()) {
+        tracing::warn!(
+            first,
+            last,
+            "log indexes {first} to {last}: receipts kept before the log's first key, unsigned: each is held to its leaf under a checkpoint signed by a pinned key, and no receipt after a signed one may be unsigned"
+        );
+    }
 }
 
 /// Where a verifying reader starts at the checkpoint of `size` leaves.

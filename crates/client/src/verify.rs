@@ -41,6 +41,11 @@ pub struct Verified {
     edge: Vec<Hash>,
     /// The last checkpoint met: its size, root and origin.
     checkpoint: Option<(u64, Hash, String)>,
+    /// Whether a signed leaf was handed on, or the proof began at a
+    /// checkpoint: from then on every receipt must carry a signature.
+    /// Before (read from the feed's first receipt), a receipt kept before
+    /// the log's first key, unsigned, is held to its leaf alone.
+    signed_yet: bool,
 }
 
 /// Why a page cannot be handed on: what was proven (the log index of the
@@ -72,6 +77,9 @@ pub struct Extended {
     /// Receipts signed by a key the reader does not pin: log index, the
     /// receipt and its signed form.
     unpinned: Vec<(u64, Receipt, Vec<u8>)>,
+    /// Log indexes of receipts kept before the log's first key (unsigned,
+    /// held to their leaves alone).
+    unsigned: Vec<u64>,
 }
 
 impl Extended {
@@ -135,6 +143,12 @@ impl Extended {
             })?;
         }
         Ok(())
+    }
+
+    /// The log indexes of the page's receipts kept before the log's first
+    /// key: unsigned, each held to its leaf under a signed checkpoint.
+    pub fn unsigned(&self) -> &[u64] {
+        &self.unsigned
     }
 
     /// The size the checkpoint must prove: leaves handed on after this page.
@@ -295,6 +309,9 @@ impl Verified {
         if let Some((size, root, origin)) = &self.checkpoint {
             text.push_str(&format!("checkpoint {size} {root} {origin}\n"));
         }
+        if !self.signed_yet {
+            text.push_str("unsigned-prelude\n");
+        }
         text
     }
 
@@ -309,10 +326,19 @@ impl Verified {
                     let size = rest
                         .parse()
                         .map_err(|_| format!("{line:?} is not `verified SIZE`"))?;
+                    // A saved proof that does not say the prelude is still
+                    // open has passed it.
                     state = Some(Self {
                         size,
+                        signed_yet: true,
                         ..Self::default()
                     });
+                }
+                "unsigned-prelude" => {
+                    let state = state
+                        .as_mut()
+                        .ok_or("`unsigned-prelude` before `verified`")?;
+                    state.signed_yet = false;
                 }
                 "edge" => {
                     let state = state.as_mut().ok_or("`edge` before `verified`")?;
@@ -372,6 +398,7 @@ impl Verified {
             size,
             edge,
             checkpoint: Some((size, checkpoint.root, checkpoint.origin)),
+            signed_yet: true,
         };
         if state.edge.len() != size.count_ones() as usize
             || state.root().unwrap_or(tlog_tiles::EMPTY_HASH) != checkpoint.root
@@ -479,6 +506,7 @@ impl Verified {
         let mut after = self.clone();
         let mut leaves = Vec::with_capacity(entries.len());
         let mut unpinned = Vec::new();
+        let mut unsigned = Vec::new();
         for entry in entries {
             let index = after.size;
             let receipt = receipt_of(entry, expand)
@@ -488,8 +516,19 @@ impl Verified {
                     "log index {index}: its signed form cannot be made: {e}"
                 ))
             })?;
+            let signed = receipt.signature.is_some();
             match verify_receipt_form(&receipt, &leaf, keys) {
                 Ok(()) => {}
+                // Kept before the log's first key, read from the feed's
+                // first receipt: no signature to check, the leaf still
+                // held to a signed checkpoint like every other.
+                Err(BadSignature::Unsigned) if !after.signed_yet => unsigned.push(index),
+                Err(BadSignature::Unsigned) => {
+                    return Err(unverified(format!(
+                        "log index {index} (receipt {}): it carries no signature, yet a receipt before it did (or the reader started at a checkpoint): only receipts kept before the log's first key may be unsigned. Written around the service, or by an instance started without --signing-key",
+                        receipt.receipt_id
+                    )));
+                }
                 // A key the reader has not pinned yet (a rotation's new
                 // one): the receipt is still held to the leaf a checkpoint
                 // signed by a pinned key proves, like every other, and its
@@ -505,6 +544,7 @@ impl Verified {
                     )));
                 }
             }
+            after.signed_yet |= signed;
             let hash = record_hash(&leaf);
             leaves.push(hash);
             after.push(hash);
@@ -514,6 +554,7 @@ impl Verified {
             after,
             leaves,
             unpinned,
+            unsigned,
         })
     }
 
