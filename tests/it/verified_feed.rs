@@ -1027,8 +1027,13 @@ fn a_reader_waiting_for_a_checkpoint_gets_one_at_once(db: TestDb) {
     let (status, answer) = extension(&logged.service.addr, "size=1&wait=61");
     assert_eq!(status, 400, "{answer}");
 
-    // The same database through an instance without a key.
-    let unsigned = ServeProcess::start(&db.url);
+    // An instance without a key (on a database of its own: one whose log
+    // is signed refuses to start without one).
+    let unsigned_db = match db.backend {
+        plan_intake::storage::Backend::Sqlite => TestDb::sqlite(),
+        plan_intake::storage::Backend::Postgres => TestDb::postgres().expect("Postgres"),
+    };
+    let unsigned = ServeProcess::start(&unsigned_db.url);
     let asked = std::time::Instant::now();
     let beyond = PLANS + 10;
     let (status, answer) = extension(&unsigned.addr, &format!("size={beyond}&wait=60"));

@@ -158,6 +158,11 @@ impl TrustedKeys {
             .map(|(_, _, verifier)| verifier)
     }
 
+    /// Every trusted key's id (`name+id`), as signatures name them.
+    pub fn note_verifier_names(&self) -> Vec<String> {
+        self.keys.iter().map(|(id, _, _)| id.clone()).collect()
+    }
+
     /// Every trusted key as a signed-note verifier list, for checkpoints.
     pub fn note_verifiers(&self) -> signed_note::VerifierList {
         signed_note::VerifierList::new(
@@ -274,14 +279,26 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
     let parsed = signed_note::Note::from_bytes(note.as_bytes())
         .map_err(|e| format!("not a signed note: {e}"))?;
     let verifiers = keys.note_verifiers();
-    let (signed, _) = parsed
-        .verify(&verifiers)
-        .map_err(|e| format!("its signature does not hold under the trusted keys: {e}"))?;
-    // The reader above checks one signature per key; every one must hold.
     let signatures = note
         .as_bytes()
         .get(parsed.text().len() + 1..)
         .unwrap_or_default();
+    let (signed, _) = parsed.verify(&verifiers).map_err(|e| {
+        // Named, so a reader pinned to other keys (a rotation it was not
+        // told of) knows which `.pub` it lacks.
+        let signers: Vec<String> = signatures
+            .split(|&b| b == b'\n')
+            .filter_map(|line| signed_note::Signature::from_bytes(line).ok())
+            .map(|s| format!("{}+{:08x}", s.name(), s.id()))
+            .collect();
+        let pinned = keys.note_verifier_names();
+        format!(
+            "its signature does not hold under the trusted keys ({e}): it is signed by {} and the reader pins {}; after a key rotation, pin the new key's .pub beside the old one",
+            if signers.is_empty() { "no key".to_owned() } else { signers.join(", ") },
+            if pinned.is_empty() { "no key".to_owned() } else { pinned.join(", ") },
+        )
+    })?;
+    // The reader above checks one signature per key; every one must hold.
     for line in signatures.split_inclusive(|&b| b == b'\n') {
         let Ok(signature) =
             signed_note::Signature::from_bytes(line.strip_suffix(b"\n").unwrap_or(line))
