@@ -104,9 +104,34 @@ pub struct ServeSettings {
     /// The receipt log's origin, the first line of every checkpoint it signs: name the deployment (e.g. intake.example.com/receipts). Default: the origin of the log in the database, else one derived from the signing key (plan-intake/KEYID), said at start
     #[arg(long, env = "PLAN_INTAKE_LOG_ORIGIN", value_parser = parse_origin)]
     pub log_origin: Option<String>,
-    /// A file where this instance keeps the last checkpoint it signed, outside the database: after a restore or a lossy failover, a tree that does not extend it is never signed
+    /// A file where this instance keeps each checkpoint it signs, before it is handed out, outside the database: after a restore or a lossy failover, a tree that does not extend it is never signed. Default: beside the SQLite file (FILE.checkpoint), else in systemd's state directory ($STATE_DIRECTORY/receipt-log.checkpoint), else none (said at start)
     #[arg(long, env = "PLAN_INTAKE_CHECKPOINT_FILE", value_name = "PATH")]
     pub checkpoint_file: Option<PathBuf>,
+    /// Keep no checkpoint file, not even the default one (a database restored to before a checkpoint handed out is then signed over)
+    #[arg(long, conflicts_with = "checkpoint_file")]
+    pub no_checkpoint_file: bool,
+}
+
+/// Where the last checkpoint signed is kept: `--checkpoint-file`; else,
+/// unless `--no-checkpoint-file`, beside the SQLite file or in the state
+/// directory systemd gives the unit (`StateDirectory=`), where operators
+/// keep what outlives a restore.
+fn checkpoint_file_of(config: &ServeSettings, database_url: &str) -> Option<PathBuf> {
+    if config.no_checkpoint_file {
+        return None;
+    }
+    if let Some(file) = &config.checkpoint_file {
+        return Some(file.clone());
+    }
+    if let Ok(crate::storage::DatabaseTarget::Sqlite(path)) =
+        crate::storage::DatabaseTarget::parse(database_url)
+        && path != ":memory:"
+    {
+        return Some(PathBuf::from(format!("{path}.checkpoint")));
+    }
+    let state = std::env::var_os("STATE_DIRECTORY")?;
+    let first = std::env::split_paths(&state).next()?;
+    Some(first.join("receipt-log.checkpoint"))
 }
 
 impl ServeSettings {
@@ -227,10 +252,15 @@ pub fn run(
             // What the appender could never get past is refused now: a
             // checkpoint file of another log, a stored log that does not
             // extend the checkpoint kept there.
-            let signed = match config.checkpoint_file.as_deref() {
-                Some(file) => last_signed(file, &origin).map_err(ServeError::ReceiptLog)?,
-                None => None,
-            };
+            let checkpoint_file = checkpoint_file_of(config, database_url);
+            match &checkpoint_file {
+                Some(file) => {
+                    tracing::info!(file = %file.display(), "each checkpoint is kept in this file before it is handed out")
+                }
+                None => tracing::warn!(
+                    "no checkpoint file: a database restored to before a checkpoint this service handed out would be signed over (a fork only `audit` names); keep one with --checkpoint-file PATH"
+                ),
+            }
             // One log, one name: renaming a log that has checkpoints would
             // sign one tree under two, and stop every verifying reader.
             if let Some(stored) = intake
@@ -243,12 +273,15 @@ pub fn run(
                     "the receipt log in the database is named {stored:?}, not {origin:?}: keep --log-origin {stored} (a new name belongs to a new log: new log tables and a new key)"
                 )));
             }
+            let signed = match checkpoint_file.as_deref() {
+                Some(file) => last_signed(file, &origin).map_err(ServeError::ReceiptLog)?,
+                None => None,
+            };
             if let Some(signed) = signed {
                 intake.check_receipt_log_extends(signed).map_err(|error| {
                     ServeError::ReceiptLog(format!(
                         "the receipt log in the database does not extend the checkpoint kept in {} ({}): restored to before it, or changed; `plan-intake audit` names what changed",
-                        config
-                            .checkpoint_file
+                        checkpoint_file
                             .as_deref()
                             .map(|f| f.display().to_string())
                             .unwrap_or_default(),
@@ -264,12 +297,7 @@ pub fn run(
                 tracing::warn!(%error, "cannot record the signing key yet");
             }
             keep_signing_key_recorded(intake.clone(), recorded.is_ok());
-            keep_receipt_log_appended(
-                intake.clone(),
-                origin,
-                config.checkpoint_file.clone(),
-                signed,
-            );
+            keep_receipt_log_appended(intake.clone(), origin, checkpoint_file, signed);
         }
         None => {
             // A log already signed must not take leaves unsigned: every

@@ -22,6 +22,7 @@ on_both_backends_sync!(
     a_restore_is_named_by_every_verifying_reader,
     no_valid_plan_breaks_the_tiles,
     a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned,
+    the_checkpoint_is_kept_by_default_where_operators_keep_state,
 );
 
 /// The second line of a checkpoint note: its root.
@@ -226,9 +227,27 @@ fn a_restore_is_named_by_every_verifying_reader(db: TestDb) {
     );
     service.terminate();
 
-    // Served by a fresh instance: it signs the restored log on, 6 leaves
-    // and then more than the 7 verified, a fork of them.
-    let service = serve_signed(&db.url, &[&key]);
+    // Served by a fresh instance. On SQLite the checkpoint kept beside the
+    // file by default refuses the start; the runbook moves it aside (as
+    // evidence) and starts with a new one. It then signs the restored log
+    // on, 6 leaves and then more than the 7 verified, a fork of them.
+    if db.backend == Backend::Sqlite {
+        let said = crate::support::process::serve_refused(&db.url, &["--signing-key", arg(&key)]);
+        assert!(
+            said.contains("does not extend the checkpoint kept in"),
+            "{said}"
+        );
+    }
+    let after_restore = dir.path().join("after-restore.checkpoint");
+    let service = ServeProcess::start_with(
+        &db.url,
+        &[
+            "--signing-key",
+            arg(&key),
+            "--checkpoint-file",
+            arg(&after_restore),
+        ],
+    );
     checkpoint_of_at_least(&service.addr, 6);
     let run = follow(&service.addr, &keys, &reader, &cursor, &[]);
     assert_eq!(run.code, Some(76), "{}", run.stderr);
@@ -388,4 +407,32 @@ fn a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned(db: Te
     );
     assert!(run.handed.is_empty(), "{}", run.stderr);
     drop((unsigned, signed));
+}
+
+/// With no `--checkpoint-file`, a signing instance keeps its checkpoints
+/// beside the SQLite file, or (Postgres) in the state directory systemd
+/// gives the unit (`STATE_DIRECTORY`).
+fn the_checkpoint_is_kept_by_default_where_operators_keep_state(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).expect("a state directory");
+    let service = ServeProcess::start_env(
+        &db.url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(&key)],
+        &[("STATE_DIRECTORY", arg(&state))],
+    );
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &planner, "kept", 2);
+    let note = checkpoint_of_at_least(&service.addr, 2);
+    let file = match db.backend {
+        Backend::Sqlite => PathBuf::from(format!(
+            "{}.checkpoint",
+            db.url.trim_start_matches("sqlite://")
+        )),
+        Backend::Postgres => state.join("receipt-log.checkpoint"),
+    };
+    assert_eq!(kept(&file), note, "{}", file.display());
+    drop(service);
 }
