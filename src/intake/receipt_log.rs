@@ -411,16 +411,14 @@ pub fn audit(
         }
     }
 
-    // Unsigned rows come only from a deployment that signs nothing: one
-    // received while a key was in use (between its first and last recorded
-    // use), or standing in the feed between receipts a key signed, lost its
-    // signature (an edit that also dropped it, before or after the log took
-    // it) or was written around the service.
-    let signed_places = signed_by_a_key.iter().enumerate().filter(|(_, s)| **s);
-    let (first_signed, last_signed) = {
-        let places: Vec<usize> = signed_places.map(|(place, _)| place).collect();
-        (places.first().copied(), places.last().copied())
-    };
+    // Unsigned rows come only from before the log's first key: one
+    // standing in the feed after a receipt a key signed (its place, which
+    // an edit of the row cannot move), or received while a key was in use
+    // (between its first and last recorded use), lost its signature (an
+    // edit that also dropped it, before or after the log took it) or was
+    // written around the service. Its own `received_at` alone decides
+    // nothing: the same edit may have moved it.
+    let first_signed = signed_by_a_key.iter().position(|signed| *signed);
     let mut unsigned_findings = Vec::new();
     for &place in &unsigned_places {
         let row = &data.plans[place].1;
@@ -428,20 +426,19 @@ pub fn audit(
             .keys
             .iter()
             .find(|(_, _, first, last)| (*first..=*last).contains(&row.received_at));
-        let between_signed = first_signed.is_some_and(|first| first < place)
-            && last_signed.is_some_and(|last| place < last);
-        if let Some((key_id, _, first, last)) = signing_then {
+        let after_signed = first_signed.is_some_and(|first| first < place);
+        if after_signed {
+            unsigned_findings.push(format!(
+                "plan {}: carries no signature, but stands in the feed after a receipt a key signed (only receipts kept before the log's first key may be unsigned): its signature was removed, or it was written around the service (or by an instance started without a key)",
+                row.receipt_id
+            ));
+        } else if let Some((key_id, _, first, last)) = signing_then {
             unsigned_findings.push(format!(
                 "plan {}: carries no signature, but was received ({}) while key {key_id} was signing ({} to {}): its signature was removed, or it was written around the service (or by an instance started without a key)",
                 row.receipt_id,
                 super::receipt::format_timestamp(&row.received_at),
                 super::receipt::format_timestamp(first),
                 super::receipt::format_timestamp(last)
-            ));
-        } else if between_signed {
-            unsigned_findings.push(format!(
-                "plan {}: carries no signature, but stands in the feed between receipts a key signed: its signature was removed (and its time changed), or it was written around the service (or by an instance started without a key)",
-                row.receipt_id
             ));
         }
     }

@@ -25,6 +25,7 @@ on_both_backends_sync!(
     a_kill_9_mid_append_resumes_without_a_fork,
     without_a_key_receipts_are_unsigned_and_no_log_is_kept,
     audit_names_an_unsigned_edit_and_receipts_the_log_passed,
+    audit_names_a_backdated_unsigned_edit_by_its_place_in_the_feed,
 );
 
 /// `signing-keys generate --out DIR/NAME`: the private key's path.
@@ -749,6 +750,58 @@ fn audit_names_an_unsigned_edit_and_receipts_the_log_passed(db: TestDb) {
     );
     assert!(
         line("rcpt_by_hand").contains("a write around the service is likelier"),
+        "{said}"
+    );
+}
+
+/// A signed plan whose row, before the log took it, was given a
+/// permission, moved three days back (before the key's first use) and
+/// stripped of its signature: the log takes it as it stands, and `audit`
+/// names it by its place in the feed (after a signed receipt), not by the
+/// time the edit moved.
+fn audit_names_a_backdated_unsigned_edit_by_its_place_in_the_feed(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let token = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &token, "logged", 2);
+    checkpoint_of_at_least(&service.addr, 2);
+    let keys = signing_keys_file(&service.addr, dir.path());
+    service.terminate();
+
+    // The third plan is held back from the log (no round below 4 commits).
+    let held = ServeProcess::start_env(
+        &db.url,
+        "127.0.0.1:0",
+        &["--signing-key", arg(&key)],
+        &[("PLAN_INTAKE_TEST_APPEND_FROM", "4")],
+    );
+    let edited = submit(&held.addr, &token, "edited", 1)[0]["receipt_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    held.terminate();
+    let three_days_back = match db.backend {
+        plan_intake::storage::Backend::Postgres => "received_at - interval '3 days'",
+        plan_intake::storage::Backend::Sqlite => "datetime(received_at, '-3 days')",
+    };
+    tamper(
+        &db,
+        &format!(
+            "UPDATE plans SET receipt_signature = NULL,
+                              permissions = '[\"plans:submit\",\"receipts:read\"]',
+                              received_at = {three_days_back}
+              WHERE receipt_id = '{edited}';"
+        ),
+    );
+    let service = serve_signed(&db.url, &[&key]);
+    checkpoint_of_at_least(&service.addr, 3);
+    service.terminate();
+    let (code, said) = audit(&db.url, &keys, &[]);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&edited) && l.contains("carries no signature")),
         "{said}"
     );
 }
