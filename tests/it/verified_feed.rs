@@ -715,6 +715,24 @@ fn a_follower_pinned_to_the_old_key_verifies_across_a_rotation(db: TestDb) {
         "{}",
         after.stderr
     );
+    // The line names the key that signed and the one the reader pins.
+    let key_id = |key: &Path| -> String {
+        let public = std::fs::read_to_string(format!("{}.pub", key.display())).expect("public key");
+        public
+            .trim()
+            .splitn(3, '+')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    assert!(
+        after
+            .stderr
+            .contains(&format!("signed by {}", key_id(&new)))
+            && after.stderr.contains(&format!("pins {}", key_id(&old))),
+        "{}",
+        after.stderr
+    );
     assert!(after.handed.is_empty());
 
     // The reader adds the new key: it goes on from where it stopped.
