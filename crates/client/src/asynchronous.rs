@@ -223,6 +223,9 @@ impl AsyncClient {
                     let url = format!("{}{NEWEST_CHECKPOINT}", self.base);
                     let newest = Exchange::from_reqwest(self.get(&url).await).await;
                     judge_newest(newest, held, keys)?;
+                    let url = format!("{}{}", self.base, super::follow::READINESS);
+                    let ready = Exchange::from_reqwest(self.get(&url).await).await;
+                    super::follow::tell_readiness(ready, size);
                     tokio::time::sleep(delay).await;
                 }
             }

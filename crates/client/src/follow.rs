@@ -725,6 +725,10 @@ impl Run<'_> {
                     if let Some(keys) = &self.options.verify {
                         judge_newest(newest, held, keys)?;
                     }
+                    let Some(ready) = self.get_unless_stopped(READINESS, Duration::ZERO) else {
+                        return Ok(None);
+                    };
+                    tell_readiness(ready, size);
                     delay
                 }
             };
@@ -996,6 +1000,35 @@ pub(crate) fn judge_newest(
     proof
         .held_by(newest.as_ref())
         .map_err(|e| FollowError::Unverified(e.message))
+}
+
+/// Where the service says whether it is ready (public; its reason is the
+/// problem's type).
+#[cfg(feature = "verify")]
+pub(crate) const READINESS: &str = "/readyz";
+
+/// While no checkpoint holds log index `size - 1`: what `/readyz`
+/// answered, told at WARN when the service says it is not ready (a log
+/// that cannot be appended to, a key not recorded), so the wait names why.
+#[cfg(feature = "verify")]
+pub(crate) fn tell_readiness(exchange: Exchange, size: u64) {
+    let Exchange::Answer(answer) = exchange else {
+        return;
+    };
+    if answer.status == 503 {
+        let reason = serde_json::from_str::<serde_json::Value>(&answer.body)
+            .ok()
+            .and_then(|problem| {
+                let kind = problem.get("type")?.as_str()?;
+                Some(kind.rsplit('/').next().unwrap_or(kind).to_owned())
+            })
+            .unwrap_or_else(|| "503".to_owned());
+        tracing::warn!(
+            reason = %reason,
+            "the service is not ready ({reason}): no signed checkpoint holds log index {} yet; waiting (nothing handed on meanwhile)",
+            size.saturating_sub(1)
+        );
+    }
 }
 
 /// The proof after a resume, held to the service's newest checkpoint
