@@ -212,6 +212,7 @@ impl AsyncClient {
             self.base,
             extension_query(size, since, EXTENSION_WAIT_SECS)
         );
+        let began = std::time::Instant::now();
         let mut failures = 0u32;
         loop {
             failures += 1;
@@ -225,7 +226,7 @@ impl AsyncClient {
                     judge_newest(newest, held, keys)?;
                     let url = format!("{}{}", self.base, super::follow::READINESS);
                     let ready = Exchange::from_reqwest(self.get(&url).await).await;
-                    super::follow::tell_readiness(ready, size);
+                    super::follow::tell_readiness(ready, size, began.elapsed());
                     tokio::time::sleep(delay).await;
                 }
             }

@@ -708,6 +708,7 @@ impl Run<'_> {
     ) -> Result<Option<plan_intake_wire::evidence::CheckpointExtension>, FollowError> {
         let query = extension_query(size, since, EXTENSION_WAIT_SECS);
         let waits = Duration::from_secs(EXTENSION_WAIT_SECS);
+        let began = std::time::Instant::now();
         let mut failures = 0u32;
         loop {
             let Some(exchange) = self.get_unless_stopped(&query, waits) else {
@@ -728,7 +729,7 @@ impl Run<'_> {
                     let Some(ready) = self.get_unless_stopped(READINESS, Duration::ZERO) else {
                         return Ok(None);
                     };
-                    tell_readiness(ready, size);
+                    tell_readiness(ready, size, began.elapsed());
                     delay
                 }
             };
@@ -1011,7 +1012,7 @@ pub(crate) const READINESS: &str = "/readyz";
 /// answered, told at WARN when the service says it is not ready (a log
 /// that cannot be appended to, a key not recorded), so the wait names why.
 #[cfg(feature = "verify")]
-pub(crate) fn tell_readiness(exchange: Exchange, size: u64) {
+pub(crate) fn tell_readiness(exchange: Exchange, size: u64, waited: Duration) {
     let Exchange::Answer(answer) = exchange else {
         return;
     };
@@ -1025,8 +1026,10 @@ pub(crate) fn tell_readiness(exchange: Exchange, size: u64) {
             .unwrap_or_else(|| "503".to_owned());
         tracing::warn!(
             reason = %reason,
-            "the service is not ready ({reason}): no signed checkpoint holds log index {} yet; waiting (nothing handed on meanwhile)",
-            size.saturating_sub(1)
+            waited_seconds = waited.as_secs(),
+            "the service is not ready ({reason}): no signed checkpoint holds log index {} yet; waiting, {} s so far (nothing handed on meanwhile)",
+            size.saturating_sub(1),
+            waited.as_secs()
         );
     }
 }
