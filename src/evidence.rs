@@ -162,6 +162,12 @@ pub fn audit(
     let report = receipt_log::audit(&db, &keys, &extra)
         .map_err(|e| no_lines(fail(1, crate::report::chain(&e))))?;
     let mut lines = report.findings.clone();
+    if report.unsigned_prelude > 0 {
+        lines.push(format!(
+            "audit: the first {n} receipts in the feed were kept before the log's first key, unsigned: a verifying reader from the start passes `follow --verify --unsigned-prelude {n}`",
+            n = report.unsigned_prelude
+        ));
+    }
     let summary = format!(
         "audit: {} plans ({} unsigned), {} leaves, {} checkpoints: {}",
         report.plans,

@@ -311,7 +311,8 @@ pub fn run(
             }
             tracing::warn!(
                 "receipts are not signed and no receipt log is kept: start with --signing-key PATH (`plan-intake signing-keys generate --out PATH` makes one)"
-            )
+            );
+            keep_watching_for_a_signed_log(intake.clone());
         }
     }
     // Said once at start, where an operator looks; `/readyz` and the gauge
@@ -506,6 +507,33 @@ fn keep_receipt_log_appended(
     }
 }
 
+/// An instance without a key looks every few seconds whether another has
+/// signed the database's log since; once it has, this one refuses plans
+/// (503 `unsigned-on-a-signed-log`, said once at ERROR) rather than keep
+/// them unsigned after signed leaves.
+fn keep_watching_for_a_signed_log(intake: Intake) {
+    let watcher = move || {
+        loop {
+            std::thread::sleep(APPEND_EVERY * 5);
+            if let Ok(Some(origin)) =
+                intake.find_signed_log(&Deadline::after(Duration::from_secs(10)))
+            {
+                tracing::error!(
+                    origin = %origin,
+                    "the database's receipt log is now signed, and this instance has no --signing-key: it refuses plans (503 unsigned-on-a-signed-log) until restarted with the log's key"
+                );
+                return;
+            }
+        }
+    };
+    if let Err(error) = std::thread::Builder::new()
+        .name("signed-log-watch".to_owned())
+        .spawn(watcher)
+    {
+        tracing::error!(%error, "cannot start the watch for a signed receipt log");
+    }
+}
+
 /// A round's failure no retry mends: the tree as stored does not extend
 /// what was signed, cannot be read, or a checkpoint cannot be signed.
 fn cannot_get_past(error: &(dyn std::error::Error + 'static)) -> bool {
@@ -594,7 +622,9 @@ fn last_signed(
 /// fsync of the directory, so a crash leaves the old checkpoint or the new.
 fn keep_checkpoint(file: &std::path::Path, note: &str) -> std::io::Result<()> {
     use std::io::Write as _;
-    let temporary = file.with_extension("tmp");
+    let mut temporary = file.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = std::path::PathBuf::from(temporary);
     let mut out = std::fs::File::create(&temporary)?;
     out.write_all(note.as_bytes())?;
     out.sync_all()?;

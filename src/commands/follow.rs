@@ -61,6 +61,9 @@ pub struct FollowArgs {
         conflicts_with = "from_start"
     )]
     pub from_checkpoint: Option<PathBuf>,
+    /// With --verify: the log's first N receipts were kept before its first signing key and carry no signature (`plan-intake audit` counts them); any other unsigned receipt is refused (76). Default 0: every receipt must be signed
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "verify")]
+    pub unsigned_prelude: u64,
 }
 
 pub fn run(args: FollowArgs) -> Result<(), CommandError> {
@@ -77,6 +80,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         verify,
         keys,
         from_checkpoint,
+        unsigned_prelude,
     } = args;
     // Read only where it is used: beside a cursor file it may be gone
     // (a restart of a unit that once started from it).
@@ -113,6 +117,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         drain,
         verify: pinned,
         from_checkpoint,
+        unsigned_prelude,
         lag_every: Duration::from_secs(lag_every_secs),
         ..FollowOptions::new(cursor_file)
     };

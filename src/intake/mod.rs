@@ -74,6 +74,10 @@ pub struct Intake {
     /// Why the signing key cannot be published, while it cannot (set by its
     /// recorder; `/readyz` tells it).
     key_unpublished: Told,
+    /// This instance signs nothing and the database's log is signed (its
+    /// origin): plans are refused (503) rather than kept unsigned, which
+    /// would stop every verifying reader at their leaf.
+    signed_log_found: Told,
 }
 
 /// A reason one thread tells and `/readyz` reads, while it holds.
@@ -118,6 +122,7 @@ impl Intake {
             log_stuck: Told::default(),
             log_rounds: log_rounds::LogRounds::default(),
             key_unpublished: Told::default(),
+            signed_log_found: Told::default(),
         }
     }
 
@@ -258,6 +263,7 @@ impl Intake {
         submission: &Submission,
         deadline: &Deadline,
     ) -> Result<Accepted, SubmitError> {
+        self.refuse_unsigned_on_signed_log()?;
         let parts = hashing::canonicalize(submission);
         submit::check_receipt_size(&caller.login, submission, &parts)?;
         let written = self.write(caller, key, submission, &parts, deadline);
@@ -284,6 +290,9 @@ impl Intake {
         submission: &Submission,
         deadline: &Deadline,
     ) -> Result<Result<Accepted, SubmitError>, submit::FirstAttempt> {
+        if let Err(refused) = self.refuse_unsigned_on_signed_log() {
+            return Ok(Err(refused));
+        }
         let parts = hashing::canonicalize(submission);
         if let Err(refused) = submit::check_receipt_size(&caller.login, submission, &parts) {
             return Ok(Err(refused));
@@ -768,12 +777,37 @@ impl Intake {
         }
         // Refused at start; an instance started before the log was signed
         // learns it here.
-        if !signing && let Some(origin) = self.stored_log_origin(deadline)? {
+        if !signing && let Some(origin) = self.find_signed_log(deadline)? {
             return Err(ReadError::NotSetUp(read::NotSetUp::UnsignedOnSignedLog(
                 origin,
             )));
         }
         Ok(readiness)
+    }
+
+    /// For an instance that signs nothing: the origin of the database's
+    /// receipt log if it is signed, remembered so that plans are refused
+    /// from then on (`serve` asks every few seconds, `/readyz` each time).
+    pub fn find_signed_log(&self, deadline: &Deadline) -> Result<Option<String>, ReadError> {
+        let found = self.stored_log_origin(deadline)?;
+        if found.is_some() {
+            self.signed_log_found.set(found.clone());
+        }
+        Ok(found)
+    }
+
+    /// Refuses a plan an instance without a key would keep unsigned in a
+    /// signed log.
+    fn refuse_unsigned_on_signed_log(&self) -> Result<(), SubmitError> {
+        if self.signing.is_some() {
+            return Ok(());
+        }
+        match self.signed_log_found.get() {
+            Some(origin) => Err(SubmitError::NotSetUp(read::NotSetUp::UnsignedOnSignedLog(
+                origin,
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Brings the pool's gauges up to date, for a scrape.

@@ -335,6 +335,10 @@ pub struct AuditReport {
     /// Plans whose receipt carries no signature (written by an instance
     /// without a key); their content is still checked against their hashes.
     pub unsigned: usize,
+    /// How many plans stand in the feed before the first one a key signed:
+    /// the log's leaves kept before its first key, which a verifying
+    /// reader from the start is told (`follow --unsigned-prelude N`).
+    pub unsigned_prelude: usize,
     pub leaves: usize,
     pub checkpoints: usize,
     pub findings: Vec<String>,
@@ -419,6 +423,8 @@ pub fn audit(
     // written around the service. Its own `received_at` alone decides
     // nothing: the same edit may have moved it.
     let first_signed = signed_by_a_key.iter().position(|signed| *signed);
+    report.unsigned_prelude = first_signed.unwrap_or(0);
+    let findings = &mut report.findings;
     let mut unsigned_findings = Vec::new();
     for &place in &unsigned_places {
         let row = &data.plans[place].1;

@@ -633,6 +633,18 @@ pub fn start_at(conn: &mut DbConn, size: u64) -> Result<Start, ProofError> {
     // The last leaf's plan; if it is gone (deleted around the service),
     // the last plan still there among the leaves before it: the feed skips
     // the gone ones, so after that one is after the last leaf too.
+    let receipt_id: String = with_conn!(conn, c => receipt_log::table
+        .filter(receipt_log::leaf_index.eq(last))
+        .select(receipt_log::receipt_id)
+        .first(c))?;
+    let position: Option<(i64, i64)> = with_conn!(conn, c => plans::table
+        .filter(plans::receipt_id.eq(&receipt_id))
+        .select((plans::feed_xid, plans::id))
+        .first(c)
+        .optional())?;
+    if let Some((xid, id)) = position {
+        return Ok((edge, Some((FeedPosition { xid, id }, receipt_id))));
+    }
     let last_there: Option<(i64, i64, String)> = with_conn!(conn, c => plans::table
         .filter(plans::receipt_id.eq_any(
             receipt_log::table

@@ -362,9 +362,11 @@ fn no_valid_plan_breaks_the_tiles(db: TestDb) {
 /// Signing turned on after receipts were kept unsigned (the README's
 /// order: the Quickstart, then `serve --signing-key`): a verifying reader
 /// from the feed's first receipt holds those to their leaves and goes on.
-/// Once the log is signed, an instance without a key refuses to start, one
-/// started before says it is not ready, and a receipt it still kept
-/// unsigned stops every verifying reader at its leaf with 76.
+/// The count of those is the reader's to give (`--unsigned-prelude`, as
+/// `audit` counts it). Once the log is signed, an instance without a key
+/// refuses to start, and one started before says it is not ready and
+/// refuses plans; an unsigned receipt after signed ones stops every
+/// verifying reader at its leaf with 76.
 fn a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned(db: TestDb) {
     let dir = tempfile::tempdir().expect("temp dir");
     let key = generate_key(dir.path(), "k1");
@@ -377,8 +379,25 @@ fn a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned(db: Te
     kept.extend(ids(&submit(&signed.addr, &planner, "signed", 2)));
     checkpoint_of_at_least(&signed.addr, 5);
 
+    // Without the count, the first unsigned receipt is refused: no
+    // checkpoint says whether a receipt carried a signature (a proxy could
+    // strip them), so the reader is told how many were kept unsigned.
+    let refused = dir.path().join("refused.cursor");
+    let run = follow(&signed.addr, &keys, &reader, &refused, &["--from-start"]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("log index 0") && run.stderr.contains("--unsigned-prelude"),
+        "{}",
+        run.stderr
+    );
+    let public = crate::evidence::signing_keys_file(&signed.addr, dir.path());
+    let (code, said) = crate::evidence::audit(&db.url, &public, &[]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("--unsigned-prelude 3"), "{said}");
+
     let cursor = dir.path().join("orders.cursor");
-    let run = follow(&signed.addr, &keys, &reader, &cursor, &["--from-start"]);
+    let prelude = ["--from-start", "--unsigned-prelude", "3"];
+    let run = follow(&signed.addr, &keys, &reader, &cursor, &prelude);
     assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
     assert!(
         run.stderr.contains("before the log's first key"),
@@ -395,13 +414,37 @@ fn a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned(db: Te
     assert_eq!(status, 503, "{ready}");
     assert!(ready.contains("unsigned-on-a-signed-log"), "{ready}");
 
-    // What it still takes is logged unsigned after signed leaves.
-    let late = ids(&submit(&unsigned.addr, &planner, "late", 1));
+    // It refuses plans rather than keep them unsigned after signed ones.
+    let agent = crate::support::process::client();
+    let (status, problem) = crate::support::process::post_plan(
+        &agent,
+        &unsigned.addr,
+        &planner,
+        "late",
+        &crate::support::plan_body("late", "late"),
+    )
+    .expect("an answer");
+    assert_eq!(status, 503, "{problem}");
+    assert!(
+        problem.to_string().contains("unsigned-on-a-signed-log"),
+        "{problem}"
+    );
+    // One written around the service, unsigned after signed leaves, stops
+    // a verifying reader at its leaf.
+    crate::evidence::tamper(
+        &db,
+        &crate::support::hand_written_plan_sql(
+            "rcpt_by_hand",
+            "planner-a",
+            "'by-hand'",
+            "blake3:by-hand",
+        ),
+    );
     checkpoint_of_at_least(&signed.addr, 6);
-    let run = follow(&signed.addr, &keys, &reader, &cursor, &[]);
+    let run = follow(&signed.addr, &keys, &reader, &cursor, &prelude[1..]);
     assert_eq!(run.code, Some(76), "{}", run.stderr);
     assert!(
-        run.stderr.contains("log index 5") && run.stderr.contains(&late[0]),
+        run.stderr.contains("log index 5") && run.stderr.contains("rcpt_by_hand"),
         "{}",
         run.stderr
     );

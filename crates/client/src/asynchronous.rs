@@ -155,7 +155,12 @@ impl AsyncClient {
             return Err(no_proof());
         };
         let extended = verified
-            .extend(keys, &page.receipts, options.expand)
+            .extend_after_prelude(
+                keys,
+                &page.receipts,
+                options.expand,
+                options.unsigned_prelude,
+            )
             .map_err(|e| FollowError::Unverified(e.message))?;
         let answer = self
             .extension(
@@ -339,6 +344,9 @@ impl AsyncClient {
         };
         let given = starting_checkpoint(options, &note, keys)?;
         if options.from_checkpoint.is_some() {
+            let url = format!("{}{NEWEST_CHECKPOINT}", self.base);
+            let first = Exchange::from_reqwest(self.get(&url).await).await;
+            super::follow::none_held(&first, &given)?;
             let newest = self
                 .evidence(NEWEST_CHECKPOINT, backoff, |body| Ok(body.to_owned()))
                 .await?;
@@ -502,7 +510,17 @@ where
             resumed_at = None;
         }
         if page.receipts.is_empty() {
-            check_empty(&proof)?;
+            if let Err(withheld) = check_empty(&proof) {
+                // A log rolled back under the cursor looks the same; the
+                // newest checkpoint tells which.
+                #[cfg(feature = "verify")]
+                if let (Some(keys), Some(verified)) = (&options.verify, &proof) {
+                    let url = format!("{}{}", client.base, super::follow::NEWEST_CHECKPOINT);
+                    let newest = Exchange::from_reqwest(client.get(&url).await).await;
+                    super::follow::judge_newest(newest, verified, keys)?;
+                }
+                return Err(withheld);
+            }
             lag.at_end();
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain {

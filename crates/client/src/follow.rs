@@ -55,6 +55,12 @@ pub struct FollowOptions {
     /// the first checkpoint seen is trusted, and said so.
     #[cfg(feature = "verify")]
     pub from_checkpoint: Option<String>,
+    /// Verifying: how many of the log's first receipts were kept before
+    /// its first key and carry no signature (0: every receipt must be
+    /// signed). Given by the reader, as `plan-intake audit` counts them:
+    /// no checkpoint says whether a leaf's receipt carried a signature.
+    #[cfg(feature = "verify")]
+    pub unsigned_prelude: u64,
     /// Where the follower keeps how far behind the feed's end it is, for
     /// the caller to read while it runs (both followers).
     pub lag: Option<std::sync::Arc<Lag>>,
@@ -126,6 +132,8 @@ impl FollowOptions {
             verify: None,
             #[cfg(feature = "verify")]
             from_checkpoint: None,
+            #[cfg(feature = "verify")]
+            unsigned_prelude: 0,
             lag: None,
             lag_every: Self::DEFAULT_LAG_EVERY,
         }
@@ -263,7 +271,12 @@ pub fn follow(
             resumed_at = None;
         }
         if page.receipts.is_empty() {
-            check_empty(&proof)?;
+            if let Err(withheld) = check_empty(&proof) {
+                // A log rolled back under the cursor looks the same; the
+                // newest checkpoint tells which.
+                run.judge_rolled_back(&proof)?;
+                return Err(withheld);
+            }
             lag.at_end();
             done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
             if options.drain || stop.load(Ordering::SeqCst) {
@@ -566,6 +579,23 @@ impl Run<'_> {
         }
     }
 
+    /// Verifying: 76 if the service's newest checkpoint proves the log
+    /// rolled back below what `proof` verified.
+    #[cfg(feature = "verify")]
+    fn judge_rolled_back(&mut self, proof: &Proof) -> Result<(), FollowError> {
+        let (Some(keys), Some(verified)) = (&self.options.verify, proof) else {
+            return Ok(());
+        };
+        match self.get_unless_stopped(NEWEST_CHECKPOINT, Duration::ZERO) {
+            Some(newest) => judge_newest(newest, verified, keys),
+            None => Ok(()),
+        }
+    }
+    #[cfg(not(feature = "verify"))]
+    fn judge_rolled_back(&mut self, _proof: &Proof) -> Result<(), FollowError> {
+        Ok(())
+    }
+
     /// Without `verify`: every page passes.
     #[cfg(not(feature = "verify"))]
     fn prove(&mut self, _proof: &Proof, _page: &Page) -> Result<Option<Proof>, FollowError> {
@@ -585,7 +615,12 @@ impl Run<'_> {
             return Err(no_proof());
         };
         let extended = verified
-            .extend(keys, &page.receipts, self.options.expand)
+            .extend_after_prelude(
+                keys,
+                &page.receipts,
+                self.options.expand,
+                self.options.unsigned_prelude,
+            )
             .map_err(|e| FollowError::Unverified(e.message))?;
         let since = extended.since_query();
         let Some(answer) = self.extension(extended.size(), &since, verified)? else {
@@ -656,6 +691,10 @@ impl Run<'_> {
         };
         let given = starting_checkpoint(self.options, &note, keys)?;
         if self.options.from_checkpoint.is_some() {
+            let Some(first) = self.get_unless_stopped(NEWEST_CHECKPOINT, Duration::ZERO) else {
+                return Ok(None);
+            };
+            none_held(&first, &given)?;
             let Some(newest) = self.evidence(NEWEST_CHECKPOINT, |body| Ok(body.to_owned()))? else {
                 return Ok(None);
             };
@@ -1249,6 +1288,25 @@ pub(crate) fn still_held(
     Err(FollowError::Unverified(format!(
         "log index {index} (starting at the checkpoint given; nothing handed on): {refused}"
     )))
+}
+
+/// A service with no signed checkpoint at all (`GET /v1/checkpoint`'s
+/// `first` answer) holds none of the leaves of a checkpoint given to start
+/// at: 76 at once, not a wait for one that never comes.
+#[cfg(feature = "verify")]
+pub(crate) fn none_held(
+    first: &Exchange,
+    given: &plan_intake_wire::evidence::VerifiedCheckpoint,
+) -> Result<(), FollowError> {
+    match first {
+        Exchange::Answer(answer) if given.size > 0 && answer.is_problem("not-logged-yet") => {
+            Err(FollowError::Unverified(format!(
+                "log index 0 (starting at the checkpoint given; nothing handed on): the service has no signed checkpoint, and the one given holds {} receipts: its log was rolled back (a restore to before it signed), or is not the note's",
+                given.size
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The cursor and proof a verifying follower starts with at the checkpoint

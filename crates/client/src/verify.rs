@@ -41,11 +41,6 @@ pub struct Verified {
     edge: Vec<Hash>,
     /// The last checkpoint met: its size, root and origin.
     checkpoint: Option<(u64, Hash, String)>,
-    /// Whether a signed leaf was handed on, or the proof began at a
-    /// checkpoint: from then on every receipt must carry a signature.
-    /// Before (read from the feed's first receipt), a receipt kept before
-    /// the log's first key, unsigned, is held to its leaf alone.
-    signed_yet: bool,
 }
 
 /// Why a page cannot be handed on: what was proven (the log index of the
@@ -309,9 +304,6 @@ impl Verified {
         if let Some((size, root, origin)) = &self.checkpoint {
             text.push_str(&format!("checkpoint {size} {root} {origin}\n"));
         }
-        if !self.signed_yet {
-            text.push_str("unsigned-prelude\n");
-        }
         text
     }
 
@@ -326,19 +318,10 @@ impl Verified {
                     let size = rest
                         .parse()
                         .map_err(|_| format!("{line:?} is not `verified SIZE`"))?;
-                    // A saved proof that does not say the prelude is still
-                    // open has passed it.
                     state = Some(Self {
                         size,
-                        signed_yet: true,
                         ..Self::default()
                     });
-                }
-                "unsigned-prelude" => {
-                    let state = state
-                        .as_mut()
-                        .ok_or("`unsigned-prelude` before `verified`")?;
-                    state.signed_yet = false;
                 }
                 "edge" => {
                     let state = state.as_mut().ok_or("`edge` before `verified`")?;
@@ -398,7 +381,6 @@ impl Verified {
             size,
             edge,
             checkpoint: Some((size, checkpoint.root, checkpoint.origin)),
-            signed_yet: true,
         };
         if state.edge.len() != size.count_ones() as usize
             || state.root().unwrap_or(tlog_tiles::EMPTY_HASH) != checkpoint.root
@@ -496,12 +478,29 @@ impl Verified {
     }
 
     /// Checks each entry's signature and appends its leaf. `expand`: each
-    /// entry is `{receipt, …}`.
+    /// entry is `{receipt, …}`. Every receipt must be signed.
     pub fn extend(
         &self,
         keys: &TrustedKeys,
         entries: &[Box<RawValue>],
         expand: bool,
+    ) -> Result<Extended, Unverified> {
+        self.extend_after_prelude(keys, entries, expand, 0)
+    }
+
+    /// [`Verified::extend`], where the log's first `unsigned_prelude`
+    /// leaves may carry no signature: receipts kept before the log's first
+    /// key, each held to its leaf alone. The count is the reader's to give
+    /// (out of band, as `plan-intake audit` reports it): a leaf is the
+    /// receipt's form without its signature, so no checkpoint says whether
+    /// one was there, and a count taken from the service or the feed would
+    /// let anything between them strip signatures unseen.
+    pub fn extend_after_prelude(
+        &self,
+        keys: &TrustedKeys,
+        entries: &[Box<RawValue>],
+        expand: bool,
+        unsigned_prelude: u64,
     ) -> Result<Extended, Unverified> {
         let mut after = self.clone();
         let mut leaves = Vec::with_capacity(entries.len());
@@ -516,19 +515,8 @@ impl Verified {
                     "log index {index}: its signed form cannot be made: {e}"
                 ))
             })?;
-            let signed = receipt.signature.is_some();
             match verify_receipt_form(&receipt, &leaf, keys) {
                 Ok(()) => {}
-                // Kept before the log's first key, read from the feed's
-                // first receipt: no signature to check, the leaf still
-                // held to a signed checkpoint like every other.
-                Err(BadSignature::Unsigned) if !after.signed_yet => unsigned.push(index),
-                Err(BadSignature::Unsigned) => {
-                    return Err(unverified(format!(
-                        "log index {index} (receipt {}): it carries no signature, yet a receipt before it did (or the reader started at a checkpoint): only receipts kept before the log's first key may be unsigned. Written around the service, or by an instance started without --signing-key",
-                        receipt.receipt_id
-                    )));
-                }
                 // A key the reader has not pinned yet (a rotation's new
                 // one): the receipt is still held to the leaf a checkpoint
                 // signed by a pinned key proves, like every other, and its
@@ -537,6 +525,16 @@ impl Verified {
                 Err(BadSignature::UnknownKey(_)) => {
                     unpinned.push((index, receipt.clone(), leaf.clone()));
                 }
+                // Kept before the log's first key, as the reader says: no
+                // signature to check, the leaf still held to a signed
+                // checkpoint like every other.
+                Err(BadSignature::Unsigned) if index < unsigned_prelude => unsigned.push(index),
+                Err(BadSignature::Unsigned) => {
+                    return Err(unverified(format!(
+                        "log index {index} (receipt {}): it carries no signature. Only the receipts a deployment kept before its log's first key may (`plan-intake audit` counts them; give that count with --unsigned-prelude N); any other was written around the service, by an instance started without --signing-key, or stripped on the way",
+                        receipt.receipt_id
+                    )));
+                }
                 Err(e) => {
                     return Err(unverified(format!(
                         "log index {index} (receipt {}): signature check: {e}",
@@ -544,7 +542,6 @@ impl Verified {
                     )));
                 }
             }
-            after.signed_yet |= signed;
             let hash = record_hash(&leaf);
             leaves.push(hash);
             after.push(hash);
