@@ -187,3 +187,42 @@ pub fn audit(
         Err((lines, fail(EXIT_UNVERIFIED, summary)))
     }
 }
+
+/// `receipts new-log`: what the receipt log holds, and (with `yes`) the
+/// log emptied for a new one, its old newest checkpoint returned for the
+/// operator to keep. Without `yes`, nothing is changed: exit 2, saying
+/// what would be removed.
+pub fn new_log(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
+    let options = PoolOptions {
+        max_size: 1,
+        feed_listener: false,
+        ..PoolOptions::default()
+    };
+    let db = Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
+        .map_err(|e| fail(1, crate::report::chain(&e)))?;
+    let mut conn = db.conn().map_err(|e| fail(1, crate::report::chain(&e)))?;
+    let failed = |e: diesel::result::Error| fail(1, crate::report::chain(&e));
+    let (leaves, checkpoints, newest) =
+        crate::storage::receipt_log::log_extent(&mut conn).map_err(failed)?;
+    let origin = newest
+        .as_ref()
+        .and_then(|c| c.note.lines().next())
+        .unwrap_or("(none)")
+        .to_owned();
+    if !yes {
+        return Err(fail(
+            2,
+            format!(
+                "this removes the receipt log {origin:?} from the database: {leaves} leaves and {checkpoints} checkpoints (plans, their signatures and the published keys stay). Stop every instance, keep the log's checkpoints outside the database, then run it again with --yes; start the instances with a new key and a new --log-origin"
+            ),
+        ));
+    }
+    let old = crate::storage::receipt_log::start_new_log(&mut conn).map_err(failed)?;
+    Ok(match old {
+        Some(checkpoint) => format!(
+            "{}\n(the old log {origin:?}'s newest checkpoint, above: keep it. Its {leaves} leaves and {checkpoints} checkpoints are removed; start the instances with a new key and a new --log-origin)",
+            checkpoint.note.trim_end()
+        ),
+        None => format!("the receipt log held no checkpoint; its {leaves} leaves are removed"),
+    })
+}

@@ -270,7 +270,7 @@ pub fn run(
                 .filter(|stored| *stored != origin)
             {
                 return Err(ServeError::ReceiptLog(format!(
-                    "the receipt log in the database is named {stored:?}, not {origin:?}: keep --log-origin {stored} (a new name belongs to a new log: new log tables and a new key)"
+                    "the receipt log in the database is named {stored:?}, not {origin:?}: keep --log-origin {stored} (a new name belongs to a new log and a new key: `plan-intake receipts new-log` empties the log's tables for one, docs/OPERATIONS.md \"Back up and restore\")"
                 )));
             }
             let signed = match checkpoint_file.as_deref() {

@@ -36,6 +36,14 @@ pub enum ReceiptsAction {
         #[arg(long, value_name = "PROOF")]
         proof: Option<PathBuf>,
     },
+    /// Start a new receipt log, as the database's owner with every instance stopped: the log's leaves, hashes and checkpoints are removed (its newest checkpoint is printed, to keep), and the next `serve` with a new key and --log-origin logs every plan again from the first. After a restore that is to stand, instead of signing a second tree under the old name
+    NewLog {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Remove the old log (without it, nothing changes: what would be removed is said)
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Args)]
@@ -57,8 +65,14 @@ pub fn signing_keys(action: SigningKeysAction) -> Result<(), CommandError> {
 }
 
 pub fn receipts(action: ReceiptsAction) -> Result<(), CommandError> {
-    let ReceiptsAction::Verify { file, keys, proof } = action;
-    say!("{}", evidence::verify(&file, &keys, proof.as_deref())?);
+    match action {
+        ReceiptsAction::Verify { file, keys, proof } => {
+            say!("{}", evidence::verify(&file, &keys, proof.as_deref())?);
+        }
+        ReceiptsAction::NewLog { db, yes } => {
+            say!("{}", evidence::new_log(&db.database_url, yes)?);
+        }
+    }
     Ok(())
 }
 

@@ -405,6 +405,45 @@ pub fn check_extends(
     extends(&tree, size, root, signed.0, signed.1)
 }
 
+/// What the receipt log holds: its leaves and checkpoints, and its newest
+/// checkpoint.
+pub fn log_extent(conn: &mut DbConn) -> QueryResult<(u64, u64, Option<CheckpointRow>)> {
+    let (size, _) = log_position(conn)?;
+    let checkpoints: i64 = with_conn!(conn, c => receipt_log_checkpoints::table
+        .count()
+        .get_result(c))?;
+    Ok((
+        size,
+        u64::try_from(checkpoints).unwrap_or(0),
+        latest_checkpoint(conn)?,
+    ))
+}
+
+/// Empties the receipt log (as the database's owner: the service's role
+/// may not): its leaves, stored hashes and checkpoints, and its state
+/// back to the feed's start, in one transaction that first takes the
+/// state row from any appender. The next signing `serve` logs every plan
+/// again, from the first, under the origin it is given. Plans, their
+/// signatures and the published keys stay. The old newest checkpoint.
+pub fn start_new_log(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
+    super::in_transaction(conn, |conn| {
+        with_conn!(conn, c => diesel::update(receipt_log_state::table.filter(receipt_log_state::id.eq(1)))
+            .set((
+                receipt_log_state::tree_size.eq(0i64),
+                receipt_log_state::after_feed_xid.eq(0i64),
+                receipt_log_state::after_plan_id.eq(0i64),
+            ))
+            .execute(c))?;
+        let newest = latest_checkpoint(conn)?;
+        with_conn!(conn, c => {
+            diesel::delete(receipt_log_checkpoints::table).execute(c)?;
+            diesel::delete(receipt_log_hashes::table).execute(c)?;
+            diesel::delete(receipt_log::table).execute(c)
+        })?;
+        Ok(newest)
+    })
+}
+
 /// When the oldest receipt settled in the feed but not yet in the log was
 /// received (`None`: the log holds every settled receipt).
 pub fn oldest_unlogged(conn: &mut DbConn) -> QueryResult<Option<NaiveDateTime>> {

@@ -23,6 +23,7 @@ on_both_backends_sync!(
     no_valid_plan_breaks_the_tiles,
     a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned,
     the_checkpoint_is_kept_by_default_where_operators_keep_state,
+    a_restore_that_stands_starts_a_new_log,
 );
 
 /// The second line of a checkpoint note: its root.
@@ -477,5 +478,108 @@ fn the_checkpoint_is_kept_by_default_where_operators_keep_state(db: TestDb) {
         Backend::Postgres => state.join("receipt-log.checkpoint"),
     };
     assert_eq!(kept(&file), note, "{}", file.display());
+    drop(service);
+}
+
+/// The runbook for a restore that is to stand: the checkpoint file refuses
+/// the restored database; `receipts new-log` (as the owner, every instance
+/// stopped) empties the log, printing its newest checkpoint; the service
+/// starts a new log under a new key and name, which takes every plan the
+/// database holds from the first. A reader of the old log is told it is
+/// another log (76); one pinned to both keys reads the new one whole.
+fn a_restore_that_stands_starts_a_new_log(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let old_key = generate_key(dir.path(), "k1");
+    let new_key = generate_key(dir.path(), "k2");
+    let old_file = dir.path().join("old.checkpoint");
+    let old_args = [
+        "--signing-key",
+        arg(&old_key),
+        "--log-origin",
+        "drill.example/receipts-1",
+        "--checkpoint-file",
+        arg(&old_file),
+    ];
+    let service = ServeProcess::start_with(&db.url, &old_args);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let old_keys = PathBuf::from(format!("{}.pub", old_key.display()));
+    let cursor = dir.path().join("old.cursor");
+    let mut kept = ids(&submit(&service.addr, &planner, "kept", 3));
+    let run = follow(
+        &service.addr,
+        &old_keys,
+        &reader,
+        &cursor,
+        &["--from-start"],
+    );
+    assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
+    let backup = back_up(&db, dir.path());
+    submit(&service.addr, &planner, "lost", 2);
+    let run = follow(&service.addr, &old_keys, &reader, &cursor, &[]);
+    assert_eq!((run.code, run.handed.len()), (Some(0), 2), "{}", run.stderr);
+    service.terminate();
+    restore(&db, &backup);
+
+    let said = crate::support::process::serve_refused(&db.url, &old_args);
+    assert!(
+        said.contains("does not extend the checkpoint kept in"),
+        "{said}"
+    );
+    let count = |table: &str| {
+        let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
+        let mut conn = database.conn().expect("connection");
+        crate::support::count_rows(&mut conn, table)
+    };
+    let asked = crate::support::process::run_cli_at(&db.url, &["receipts", "new-log"]);
+    assert_eq!(asked.status.code(), Some(2), "{asked:?}");
+    assert_eq!(count("receipt_log"), 3, "nothing changed without --yes");
+    let done = crate::support::process::run_cli_at(&db.url, &["receipts", "new-log", "--yes"]);
+    let printed = String::from_utf8_lossy(&done.stdout);
+    assert!(done.status.success(), "{done:?}");
+    assert!(
+        printed.starts_with("drill.example/receipts-1\n3\n"),
+        "the old newest checkpoint: {printed}"
+    );
+    assert_eq!(count("receipt_log"), 0);
+    assert_eq!(count("receipt_log_checkpoints"), 0);
+
+    let new_file = dir.path().join("new.checkpoint");
+    let service = ServeProcess::start_with(
+        &db.url,
+        &[
+            "--signing-key",
+            arg(&new_key),
+            "--log-origin",
+            "drill.example/receipts-2",
+            "--checkpoint-file",
+            arg(&new_file),
+        ],
+    );
+    kept.extend(ids(&submit(&service.addr, &planner, "new", 1)));
+    let note = checkpoint_of_at_least(&service.addr, 4);
+    assert!(note.starts_with("drill.example/receipts-2\n4\n"), "{note}");
+
+    let run = follow(&service.addr, &old_keys, &reader, &cursor, &[]);
+    assert_eq!(run.code, Some(76), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("newest checkpoint") && run.handed.is_empty(),
+        "{}",
+        run.stderr
+    );
+    let both = dir.path().join("both.pub");
+    let keys_text = [&old_key, &new_key]
+        .iter()
+        .map(|key| std::fs::read_to_string(format!("{}.pub", key.display())).expect("a key"))
+        .collect::<String>();
+    std::fs::write(&both, keys_text).expect("both keys");
+    let run = follow(
+        &service.addr,
+        &both,
+        &reader,
+        &dir.path().join("new.cursor"),
+        &["--from-start"],
+    );
+    assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
     drop(service);
 }

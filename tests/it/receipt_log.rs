@@ -101,8 +101,14 @@ fn a_checkpoint_file_of_another_log_refuses_the_start(db: TestDb) {
     });
     service.terminate();
 
+    // Another deployment's database (the name in this one is refused
+    // before the file is read).
+    let another = match db.backend {
+        plan_intake::storage::Backend::Sqlite => TestDb::sqlite(),
+        plan_intake::storage::Backend::Postgres => TestDb::postgres().expect("Postgres"),
+    };
     let said = serve_refused(
-        &db.url,
+        &another.url,
         &[&["--log-origin", "example.com/another-log"][..], &args[..]].concat(),
     );
     assert!(

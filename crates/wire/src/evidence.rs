@@ -293,7 +293,7 @@ pub fn verify_checkpoint(note: &str, keys: &TrustedKeys) -> Result<VerifiedCheck
             .collect();
         let pinned = keys.note_verifier_names();
         format!(
-            "its signature does not hold under the trusted keys ({e}): it is signed by {} and the reader pins {}; after a key rotation, pin the new key's .pub beside the old one",
+            "its signature does not hold under the trusted keys ({e}): it is signed by {} and the reader pins {}: a key rotation or a new log the reader was not given the key of (pin that key's .pub beside the old one), or not this log's checkpoint",
             if signers.is_empty() { "no key".to_owned() } else { signers.join(", ") },
             if pinned.is_empty() { "no key".to_owned() } else { pinned.join(", ") },
         )
