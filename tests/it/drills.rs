@@ -583,3 +583,72 @@ fn a_restore_that_stands_starts_a_new_log(db: TestDb) {
     assert_eq!((run.code, &run.handed), (Some(0), &kept), "{}", run.stderr);
     drop(service);
 }
+
+/// The async follower resumes as the blocking one does: from its proof
+/// (after the plan row at its cursor was deleted, it goes on past it), and
+/// a restore to before what it verified is 76 naming the rollback.
+#[actix_web::test]
+async fn an_async_follower_resumes_from_its_proof_and_names_a_restore() {
+    use plan_intake_client::asynchronous::{AsyncClient, follow as follow_async};
+    use plan_intake_client::wire::evidence::TrustedKeys;
+    use plan_intake_client::{FollowError, FollowOptions};
+
+    let db = TestDb::sqlite();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let keys_text = std::fs::read_to_string(format!("{}.pub", key.display())).expect("key");
+    let keys = TrustedKeys::parse(&keys_text).expect("pinned keys");
+    let service = serve_signed(&db.url, &[&key]);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let options = FollowOptions {
+        from_start: true,
+        limit: 2,
+        wait: std::time::Duration::ZERO,
+        drain: true,
+        retry_base: std::time::Duration::from_millis(20),
+        verify: Some(keys),
+        ..FollowOptions::new(dir.path().join("async.cursor"))
+    };
+    let client = AsyncClient::new(&format!("http://{}", service.addr), &reader).expect("client");
+    let run = || async {
+        let handed = std::sync::Mutex::new(Vec::<String>::new());
+        let ended = follow_async(&client, &options, |page| {
+            for entry in &page.receipts {
+                let receipt: Value = serde_json::from_str(entry.get()).expect("json");
+                let id = receipt["receipt_id"].as_str().expect("an id").to_owned();
+                handed.lock().expect("handed").push(id);
+            }
+            async { Ok::<(), String>(()) }
+        })
+        .await;
+        (ended, handed.into_inner().expect("handed"))
+    };
+
+    let first = ids(&submit(&service.addr, &planner, "first", 3));
+    let (ended, handed) = run().await;
+    assert!(ended.is_ok(), "{ended:?}");
+    assert_eq!(handed, first);
+    let backup = back_up(&db, dir.path());
+    crate::evidence::tamper(
+        &db,
+        &format!(
+            "DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{0}');
+             DELETE FROM plans WHERE receipt_id = '{0}';",
+            first[2]
+        ),
+    );
+    let later = ids(&submit(&service.addr, &planner, "later", 2));
+    let (ended, handed) = run().await;
+    assert!(ended.is_ok(), "{ended:?}");
+    assert_eq!(handed, later, "gone past the deleted row, none twice");
+
+    restore(&db, &backup);
+    let (ended, handed) = run().await;
+    match ended {
+        Err(FollowError::Unverified(why)) => assert!(why.contains("rolled back"), "{why}"),
+        other => panic!("not refused: {other:?}"),
+    }
+    assert!(handed.is_empty());
+    drop(service);
+}
