@@ -100,6 +100,10 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
             name: "key rows match their plans",
             result: keys_match_their_plans(&mut conn),
         },
+        Check {
+            name: "transaction isolation",
+            result: isolation(&mut conn),
+        },
     ];
     match Scratch::create(&target) {
         Ok(scratch) => {
@@ -154,6 +158,28 @@ fn keys_match_their_plans(conn: &mut DbConn) -> Result<String, VerifyError> {
             "{n} key row(s) hold a request hash other than their plan's: \
              a key there would replay a receipt for a request it never kept"
         ))),
+    }
+}
+
+/// The isolation the service's guarantees rely on: READ COMMITTED, which
+/// it pins on each of its Postgres sessions; said when the database's or
+/// role's default is another (other clients run at that one, and behind a
+/// transaction pooler the service refuses to start).
+fn isolation(conn: &mut DbConn) -> Result<String, VerifyError> {
+    match conn {
+        DbConn::Sqlite(_) => Ok("SQLite: one writer at a time, serializable".to_owned()),
+        DbConn::Postgres(pg) => {
+            let default = crate::storage::default_isolation(pg)
+                .map_err(|e| VerifyError::could_not("read default_transaction_isolation", e))?;
+            Ok(if default == crate::storage::READ_COMMITTED {
+                "the database's and role's default is read committed, as the service's sessions run"
+                    .to_owned()
+            } else {
+                format!(
+                    "the database's or role's default_transaction_isolation is '{default}': the service pins read committed on each of its sessions (behind a transaction pooler, where it cannot, it refuses to start)"
+                )
+            })
+        }
     }
 }
 

@@ -763,7 +763,16 @@ impl Intake {
     /// `plan_intake_commit_waits_for_standby` follows).
     pub fn readiness(&self, deadline: &Deadline) -> Result<Readiness, ReadError> {
         let signing = self.signing_key().is_some();
-        let readiness = read::readiness_of(&self.db.readiness(deadline, signing)?);
+        let mut readiness = read::readiness_of(&self.db.readiness(deadline, signing)?);
+        if let Some(default) = self.db.foreign_isolation_default(deadline)? {
+            let said = format!(
+                "the database's or role's default_transaction_isolation is '{default}': this service pins READ COMMITTED on each of its sessions, but other clients of the database run at '{default}'"
+            );
+            readiness.warning = Some(match readiness.warning.take() {
+                Some(warning) => format!("{warning}; {said}"),
+                None => said,
+            });
+        }
         self.metrics
             .set_commit_waits_for_standby(readiness.commit_waits_for_standby);
         self.metrics.set_commits_blocked(readiness.commits_blocked);

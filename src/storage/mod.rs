@@ -21,7 +21,7 @@ pub use errors::StorageError;
 pub use feed::signal::{CHANNEL as FEED_CHANNEL_BASE, FeedSignal, channel as feed_channel};
 pub use pool::{
     Backend, DatabaseTarget, DbConn, DbPool, Manager, PgPooler, PoolOptions, PooledConn,
-    build_pool, redact,
+    READ_COMMITTED, build_pool, default_isolation, redact,
 };
 pub use replication::ReplicationBarrier;
 pub use scratch::ScratchSchema;
@@ -416,6 +416,22 @@ impl Database {
                     barrier.observe(&durability);
                 }
                 durability
+            }
+        })
+    }
+
+    /// Postgres: the isolation level the database or role sets as the
+    /// default, when it is not READ COMMITTED (which the service pins on
+    /// each of its sessions); `None` on SQLite or when it is.
+    pub fn foreign_isolation_default(
+        &self,
+        deadline: &Deadline,
+    ) -> Result<Option<String>, StorageError> {
+        let mut conn = self.conn_within(deadline)?;
+        Ok(match &mut *conn {
+            DbConn::Sqlite(_) => None,
+            DbConn::Postgres(pg) => {
+                Some(pool::default_isolation(pg)?).filter(|default| default != pool::READ_COMMITTED)
             }
         })
     }

@@ -309,15 +309,37 @@ impl ManageConnection for Manager {
                     // statement may run on another server connection. The
                     // write's lock timeout is set inside its own statement.
                     conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+                    // Nor can the isolation be pinned: the server's default
+                    // must be READ COMMITTED, which every argument of the
+                    // write, the feed and the log relies on.
+                    let default = default_isolation(&mut conn).map_err(r2d2::Error::QueryError)?;
+                    if default != READ_COMMITTED {
+                        return Err(r2d2::Error::QueryError(
+                            diesel::result::Error::QueryBuilderError(
+                                format!(
+                                    "the database's or role's default_transaction_isolation is '{default}', and behind a transaction pooler the service cannot pin READ COMMITTED on its sessions: ALTER ROLE (or DATABASE) … SET default_transaction_isolation = 'read committed'"
+                                )
+                                .into(),
+                            ),
+                        ));
+                    }
                     return Ok(DbConn::Postgres(conn));
                 }
+                // Every transaction and statement of the service runs at
+                // READ COMMITTED, whatever a DBA set as the database's or
+                // role's default: the write's conflict resolution, the
+                // feed's horizon and the log's rounds each rely on a new
+                // snapshot per statement (ARCHITECTURE.md, "Guarantees").
+                let mut settings =
+                    format!("SET default_transaction_isolation = '{READ_COMMITTED}';");
                 if let Some(limit) = self.request_timeout {
                     let ms = limit.as_millis().max(1);
-                    conn.batch_execute(&format!(
-                        "SET statement_timeout = {ms}; SET lock_timeout = {ms};"
-                    ))
-                    .map_err(r2d2::Error::QueryError)?;
+                    settings.push_str(&format!(
+                        " SET statement_timeout = {ms}; SET lock_timeout = {ms};"
+                    ));
                 }
+                conn.batch_execute(&settings)
+                    .map_err(r2d2::Error::QueryError)?;
                 Ok(DbConn::Postgres(conn))
             }
             DatabaseTarget::Sqlite(path) => {
@@ -349,6 +371,27 @@ impl ManageConnection for Manager {
         // COMMIT) must never be handed out again.
         with_conn!(conn, c => c.is_broken())
     }
+}
+
+/// The isolation level the service's arguments rely on.
+pub const READ_COMMITTED: &str = "read committed";
+
+#[derive(diesel::QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    value: String,
+}
+
+/// The session's default isolation as the server set it at connection
+/// (`reset_val`: postgresql.conf, then the database's, the role's and the
+/// connection's own settings), whatever the session set since.
+pub fn default_isolation(conn: &mut PgConnection) -> diesel::QueryResult<String> {
+    use diesel::RunQueryDsl;
+    diesel::sql_query(
+        "SELECT reset_val AS value FROM pg_settings WHERE name = 'default_transaction_isolation'",
+    )
+    .get_result::<Setting>(conn)
+    .map(|s| s.value)
 }
 
 #[derive(diesel::QueryableByName)]

@@ -22,6 +22,7 @@ mod forward;
 mod group_commit;
 mod hostile;
 mod intake;
+mod isolation;
 mod layers;
 mod monitoring;
 mod operations;
