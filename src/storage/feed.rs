@@ -121,7 +121,8 @@ pub enum Standing {
 }
 
 /// Where `position` stands: one lookup on `plans_feed_ix` (and, when no
-/// plan is there on Postgres, one on `feed_bases` and one more on the index).
+/// plan is there on Postgres, the current timeline's base recorded if it is
+/// not yet, one lookup on `feed_bases` and one more on the index).
 pub fn standing(conn: &mut DbConn, position: FeedPosition) -> QueryResult<Standing> {
     if position == FeedPosition::default() {
         return Ok(Standing::Start);
@@ -138,6 +139,11 @@ pub fn standing(conn: &mut DbConn, position: FeedPosition) -> QueryResult<Standi
     let DbConn::Postgres(pg) = conn else {
         return Ok(Standing::Nowhere);
     };
+    // The timeline this server is on records its start now if no writer
+    // has yet (a failover reached without a restart): a cursor the old
+    // timeline handed out and this one lost is placed before its first
+    // write as after it.
+    diesel::sql_query("SELECT plan_intake_feed_base(true)").execute(pg)?;
     // A later timeline starting above the position, and no kept plan
     // between the position and that start: the position is in the room a
     // new timeline leaves for what the old one handed out and this one

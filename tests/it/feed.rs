@@ -616,12 +616,8 @@ async fn the_feed_survives_a_dump_restored_into_another_cluster() {
 
     let dump = std::process::Command::new("pg_dump")
         .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
             "-d",
-            "test",
+            &crate::support::postgres_base_url(),
             "-n",
             &schema,
             "--no-owner",
@@ -711,4 +707,124 @@ async fn a_copied_sqlite_file_keeps_the_feed() {
         .unwrap_or_default();
     assert_eq!(receipts.len(), 1, "{:?}", page.body);
     assert_eq!(receipts[0]["receipt_id"], sent.body["receipt_id"]);
+}
+
+/// A copy of the database reached by a running service in another cluster
+/// (no base recorded for it): the first writer records the base in its
+/// own transaction. One that took its id before a newer transaction ended
+/// still lands past every stored position, so no reader's cursor passes
+/// it. (Until 000018, the base came from the writer's snapshot's xmax,
+/// above its own id, and the plan landed behind the last one stored.)
+#[actix_web::test]
+async fn a_base_recorded_by_a_writer_places_it_past_every_position() {
+    use diesel::prelude::*;
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let service = app.service().await;
+    for run in ["run-1", "run-2"] {
+        let written = send(&service, post_plan(&planner, run, &plan_body(run, "x"))).await;
+        assert_eq!(written.status, StatusCode::CREATED);
+    }
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut writer = diesel::PgConnection::establish(&direct_url).expect("connect");
+    // Another cluster, whose transaction ids are far lower than the
+    // positions stored: no base recorded for it yet.
+    writer
+        .batch_execute("UPDATE plans SET feed_xid = feed_xid + 10000000; DELETE FROM feed_bases;")
+        .expect("a copy in another cluster");
+    let highest = diesel::sql_query("SELECT MAX(feed_xid) AS n FROM plans")
+        .get_result::<Found>(&mut writer)
+        .expect("the last position")
+        .n;
+    writer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id();")
+        .expect("the writer takes its id");
+    let mut newer = diesel::PgConnection::establish(&direct_url).expect("connect");
+    newer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id(); COMMIT;")
+        .expect("a newer transaction ends first");
+    writer
+        .batch_execute(&format!(
+            "{}; COMMIT;",
+            crate::support::hand_written_plan_sql(
+                "rcpt_late",
+                "planner-a",
+                "'late'",
+                "blake3:late"
+            )
+        ))
+        .expect("the writer records the base and commits");
+    let late = diesel::sql_query("SELECT feed_xid AS n FROM plans WHERE receipt_id = 'rcpt_late'")
+        .get_result::<Found>(&mut writer)
+        .expect("its position")
+        .n;
+    assert!(
+        late > highest,
+        "the plan landed at {late}, not past the last stored position {highest}"
+    );
+}
+
+/// A failover that lost a reader's last receipt, simulated through the
+/// timeline row: the reader's cursor stands past what the new timeline
+/// replayed. Before any write on the new timeline, and after, the cursor is
+/// placed (in the room the new timeline leaves for what the old one handed
+/// out), and the reader gets every plan the new timeline keeps.
+#[actix_web::test]
+async fn a_cursor_past_what_a_failover_kept_reads_on_from_the_new_timeline() {
+    use diesel::Connection;
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let direct_url = scratch.url.clone();
+    let app = TestApp::new(scratch);
+    let planner = app.login("planner-a", &[Permission::PlansSubmit]);
+    let reader = app.login("orders", &[Permission::ReceiptsRead]);
+    let service = app.service().await;
+    for run in ["run-1", "run-2", "run-3"] {
+        let written = send(&service, post_plan(&planner, run, &plan_body(run, "x"))).await;
+        assert_eq!(written.status, StatusCode::CREATED);
+    }
+    let page = send(&service, get(&reader, "/v1/receipts?limit=10")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let cursor = page.body["next"].as_str().expect("next").to_owned();
+    let lost = page.body["receipts"][2]["receipt_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    // The failover: the last plan was not replayed, and the timeline the
+    // bases were recorded on is the old one.
+    let mut conn = diesel::PgConnection::establish(&direct_url).expect("connect");
+    conn.batch_execute(&format!(
+        "DELETE FROM intake_keys WHERE plan_id = (SELECT id FROM plans WHERE receipt_id = '{lost}');
+         DELETE FROM plans WHERE receipt_id = '{lost}';
+         UPDATE feed_bases SET timeline_id = timeline_id - 1;"
+    ))
+    .expect("simulate the failover");
+
+    let path = format!("/v1/receipts?limit=10&after={cursor}");
+    let before = send(&service, get(&reader, &path)).await;
+    assert_eq!(before.status, StatusCode::OK, "{:?}", before.body);
+    assert_eq!(before.body["receipts"].as_array().map(Vec::len), Some(0));
+    let written = send(
+        &service,
+        post_plan(&planner, "run-4", &plan_body("run-4", "x")),
+    )
+    .await;
+    assert_eq!(written.status, StatusCode::CREATED);
+    let after = send(&service, get(&reader, &path)).await;
+    assert_eq!(after.status, StatusCode::OK, "{:?}", after.body);
+    let receipts = after.body["receipts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(receipts.len(), 1, "{:?}", after.body);
+    assert_eq!(receipts[0]["receipt_id"], written.body["receipt_id"]);
 }

@@ -477,7 +477,7 @@ pub(crate) fn judge_page(exchange: Exchange, options: &FollowOptions) -> PageVer
             };
         }
         400 if answer.is_problem(CURSOR_NOT_IN_FEED) => FollowError::BadCursor(format!(
-            "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped: remove the file to start at the feed's current end, or remove it and pass --from-start to read the whole feed again (downstream must then tolerate repeats)",
+            "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped. Keep the file (move it aside) and reconcile downstream; then remove it and pass --from-start to read the whole feed again, downstream skipping the receipt ids it has (nothing missed), or remove it alone to start at the feed's current end (skipping every receipt kept since the cursor's)",
             options.cursor_file.display(),
         )),
         // The options were checked before anything was sent: what the
