@@ -31,6 +31,7 @@ pub struct Metrics {
     receipt_log_leaves: IntGauge,
     receipt_log_rounds_failed: IntCounter,
     receipt_log_stuck: IntGauge,
+    storage_full: IntGauge,
     receipt_log_lag: Gauge,
 }
 
@@ -269,6 +270,10 @@ impl Metrics {
                 "plan_intake_receipt_log_stuck",
                 "1 while this instance's receipt log appender cannot go on (an inconsistent or unreadable tree, a signing failure, or rounds failing for 30 s; /readyz names why), else 0",
             ),
+            storage_full: define.int_gauge(
+                "plan_intake_storage_full",
+                "1 once a write found the database's storage full (Postgres disk_full, SQLite SQLITE_FULL), until a write lands again; /readyz says storage-full meanwhile",
+            ),
             receipt_log_lag: define.gauge(
                 "plan_intake_receipt_log_lag_seconds",
                 "Seconds since the oldest receipt settled in the feed but not yet in the receipt log was received (0: the log holds every one); read by the appender after each round",
@@ -330,6 +335,10 @@ impl Metrics {
 
     pub fn set_receipt_log_stuck(&self, stuck: bool) {
         self.receipt_log_stuck.set(i64::from(stuck));
+    }
+
+    pub fn set_storage_full(&self, full: bool) {
+        self.storage_full.set(i64::from(full));
     }
 
     pub fn set_receipt_log_lag(&self, seconds: f64) {

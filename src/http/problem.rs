@@ -187,6 +187,7 @@ pub(crate) fn not_set_up(error: &NotSetUp) -> &'static str {
         NotSetUp::ReceiptLogStuck(_) => "receipt-log-stuck",
         NotSetUp::SigningKeyUnpublished(_) => "signing-key-unpublished",
         NotSetUp::UnsignedOnSignedLog(_) => "unsigned-on-a-signed-log",
+        NotSetUp::StorageFull => "storage-full",
     }
 }
 
@@ -243,6 +244,9 @@ impl ApiError {
             ApiError::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
             ApiError::NotSetUp(NotSetUp::MigrationsPending(_)) => {
                 "the service's database has migrations pending: an operator must run `plan-intake migrate run`; retry later with the same Idempotency-Key".to_owned()
+            }
+            ApiError::NotSetUp(NotSetUp::StorageFull) => {
+                "the service's storage is full: nothing was written; retry later with the same Idempotency-Key (an operator must free space)".to_owned()
             }
             ApiError::NotSetUp(NotSetUp::ReceiptLogStuck(_) | NotSetUp::SigningKeyUnpublished(_) | NotSetUp::UnsignedOnSignedLog(_)) => {
                 "the service is not ready; an operator must look".to_owned()
@@ -338,6 +342,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::KeyReused => ApiError::KeyReused,
             SubmitError::Unauthorized => ApiError::Unauthorized("unknown or revoked token"),
             SubmitError::Refused { constraint, .. } => ApiError::Refused(constraint),
+            SubmitError::StorageFull(_) => ApiError::NotSetUp(NotSetUp::StorageFull),
             e @ SubmitError::ReceiptTooLarge { .. } => ApiError::Invalid(vec![FieldError {
                 field: "approved_inputs".to_owned(),
                 message: e.to_string(),

@@ -78,6 +78,43 @@ pub struct Intake {
     /// origin): plans are refused (503) rather than kept unsigned, which
     /// would stop every verifying reader at their leaf.
     signed_log_found: Told,
+    /// When a write last found the database's storage full, until one
+    /// lands again (`/readyz`, `plan_intake_storage_full`).
+    storage_full: StorageFullness,
+}
+
+/// When a write last found the storage full (milliseconds since the Unix
+/// epoch; 0: none since a write landed).
+#[derive(Clone, Default)]
+struct StorageFullness(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl StorageFullness {
+    /// How long `/readyz` says so after the last write that found it full:
+    /// then a balancer sends traffic again, and a write finds out.
+    const TOLD_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+    fn now_millis() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .max(1)
+    }
+
+    fn failed(&self) {
+        self.0
+            .store(Self::now_millis(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A write landed: whether the storage had been found full.
+    fn landed(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) != 0
+            && self.0.swap(0, std::sync::atomic::Ordering::Relaxed) != 0
+    }
+
+    fn full_lately(&self) -> bool {
+        let at = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        at != 0 && Self::now_millis().saturating_sub(at) < Self::TOLD_FOR.as_millis() as u64
+    }
 }
 
 /// A reason one thread tells and `/readyz` reads, while it holds.
@@ -123,6 +160,7 @@ impl Intake {
             log_rounds: log_rounds::LogRounds::default(),
             key_unpublished: Told::default(),
             signed_log_found: Told::default(),
+            storage_full: StorageFullness::default(),
         }
     }
 
@@ -267,10 +305,21 @@ impl Intake {
         let parts = hashing::canonicalize(submission);
         submit::check_receipt_size(&caller.login, submission, &parts)?;
         let written = self.write(caller, key, submission, &parts, deadline);
-        if matches!(written, Err(SubmitError::Unauthorized)) {
-            self.known.forget(&caller.token_hash);
-        }
+        self.after_write(caller, &written);
         written
+    }
+
+    /// What a write's answer tells beyond itself: a token found revoked,
+    /// storage no longer full.
+    fn after_write(&self, caller: &Caller, written: &Result<Accepted, SubmitError>) {
+        match written {
+            Err(SubmitError::Unauthorized) => self.known.forget(&caller.token_hash),
+            Ok(_) if self.storage_full.landed() => {
+                tracing::info!("a write landed again: the database's storage is no longer full");
+                self.metrics.set_storage_full(false);
+            }
+            _ => {}
+        }
     }
 
     /// Whether [`Intake::submit_queued`] may be awaited (Postgres: plans
@@ -300,8 +349,8 @@ impl Intake {
         let answer = self
             .first_attempt(caller, key, submission, &parts, deadline)
             .await;
-        if matches!(answer, Ok(Err(SubmitError::Unauthorized))) {
-            self.known.forget(&caller.token_hash);
+        if let Ok(written) = &answer {
+            self.after_write(caller, written);
         }
         answer
     }
@@ -317,9 +366,7 @@ impl Intake {
     ) -> Result<Accepted, SubmitError> {
         let parts = hashing::canonicalize(submission);
         let written = self.write_from(caller, key, submission, &parts, deadline, Some(first));
-        if matches!(written, Err(SubmitError::Unauthorized)) {
-            self.known.forget(&caller.token_hash);
-        }
+        self.after_write(caller, &written);
         written
     }
 
@@ -783,6 +830,9 @@ impl Intake {
         }
         if let Some(reason) = self.log_stuck.get() {
             return Err(ReadError::NotSetUp(read::NotSetUp::ReceiptLogStuck(reason)));
+        }
+        if self.storage_full.full_lately() {
+            return Err(ReadError::NotSetUp(read::NotSetUp::StorageFull));
         }
         // Refused at start; an instance started before the log was signed
         // learns it here.

@@ -82,6 +82,12 @@ pub enum NotSetUp {
         "the database's receipt log {0:?} is signed, and this instance has no --signing-key: restart it with the log's key, as every other instance on this database"
     )]
     UnsignedOnSignedLog(String),
+    /// A write found the database's storage full lately (Postgres
+    /// `disk_full`, SQLite `SQLITE_FULL`), and none landed since.
+    #[error(
+        "the database's storage is full: writes fail and nothing is written until an operator frees space (docs/OPERATIONS.md, PlanIntakeStorageFull)"
+    )]
+    StorageFull,
 }
 
 impl From<CorruptRow> for ReadError {

@@ -10,7 +10,9 @@ use super::{Caller, IdempotencyKey, Intake, Login, Receipt, Submission};
 use crate::deadline::Deadline;
 use crate::metrics::UnknownCommitBranch;
 use crate::storage::StorageError;
-use crate::storage::errors::{FailureClass, TransientCause, classify, marked_sqlstate};
+use crate::storage::errors::{
+    FailureClass, TransientCause, classify, is_storage_full, marked_sqlstate,
+};
 use crate::storage::plans::{self, BatchFailure, NewPlan, ReceiptRow, WriteFailure, Written};
 
 pub use plan_intake_wire::Outcome;
@@ -67,6 +69,9 @@ pub enum SubmitError {
     /// 503 naming it.
     #[error(transparent)]
     NotSetUp(super::read::NotSetUp),
+    /// The database's storage is full: 503 saying so, nothing written.
+    #[error("the database's storage is full")]
+    StorageFull(#[source] diesel::result::Error),
     /// The plan's receipt would be larger than a leaf of the receipt log
     /// may be: 422, nothing written.
     #[error(
@@ -199,6 +204,9 @@ impl Intake {
                 key,
                 attempt,
             };
+            if is_storage_full(&failure.error) {
+                return Err(self.storage_is_full(&log, failure.error));
+            }
             if let Some(batch) = failure.batch {
                 return Err(self.batch_failed(batch, &log));
             }
@@ -235,6 +243,7 @@ impl Intake {
                     reinsert_allowed = false;
                 }
                 FailureClass::Refused => return Err(refused(&log, error)),
+                FailureClass::StorageFull => return Err(self.storage_is_full(&log, error)),
                 FailureClass::Unavailable => {
                     tracing::error!(maker = %login.name, key = key.as_str(), attempt, sqlstate = marked_sqlstate(&error), %error, "write failed; not retried");
                     // Grants the role lacks are told as such, not as an
@@ -313,6 +322,20 @@ impl Intake {
         tracing::info!(maker = %login.name, key = key.as_str(), attempt, cause = cause.as_str(), delay_ms = delay.as_millis() as u64, %error, "transient failure; retrying");
         std::thread::sleep(delay);
         Ok(())
+    }
+
+    /// The database's storage is full: said at ERROR, remembered for
+    /// `/readyz` and the gauge until a write lands again.
+    fn storage_is_full(&self, log: &Attempt<'_>, error: diesel::result::Error) -> SubmitError {
+        let Attempt {
+            login,
+            key,
+            attempt,
+        } = *log;
+        tracing::error!(maker = %login.name, key = key.as_str(), attempt, %error, "the database's storage is full; nothing was written");
+        self.storage_full.failed();
+        self.metrics.set_storage_full(true);
+        SubmitError::StorageFull(error)
     }
 
     fn batch_failed(&self, batch: BatchFailure, log: &Attempt<'_>) -> SubmitError {

@@ -118,8 +118,12 @@ pub enum FailureClass {
     Refused,
     /// Lost or cancelled during COMMIT: it may have landed. Re-read before anything else.
     UnknownOutcome,
-    /// Anything else (out of space, a missing privilege, a rule the
-    /// schema gained): 503, retry later with the same key; not retried here.
+    /// The database's storage is full (Postgres `disk_full` 53100,
+    /// SQLite `SQLITE_FULL`): nothing was written; 503 saying so, retry
+    /// later with the same key once an operator freed space.
+    StorageFull,
+    /// Anything else (a missing privilege, a rule the schema gained): 503,
+    /// retry later with the same key; not retried here.
     Unavailable,
 }
 
@@ -188,6 +192,11 @@ pub fn classify(error: &DieselError, commit_sent: bool, connection_lost: bool) -
         // transaction rolled back, whatever the code.
         return class_of_sqlstate(code).unwrap_or(FailureClass::Unavailable);
     }
+    // SQLite's FULL, at a statement or at COMMIT: either way the
+    // transaction did not commit.
+    if is_storage_full(error) {
+        return FailureClass::StorageFull;
+    }
     match error {
         DieselError::DatabaseError(kind, info) => match kind {
             Kind::UniqueViolation => FailureClass::Conflict,
@@ -231,6 +240,8 @@ pub fn class_of_sqlstate(code: &str) -> Option<FailureClass> {
         "25006" => Transient(ReadOnlyNode),
         // Shutting down, crashed, or not yet accepting: the server goes away.
         "57P01" | "57P02" | "57P03" => Transient(ConnectionLost),
+        // disk_full: the write's rows rolled back with the statement.
+        "53100" => StorageFull,
         code if code.starts_with("08") => Transient(ConnectionLost),
         _ => return None,
     })
@@ -239,13 +250,27 @@ pub fn class_of_sqlstate(code: &str) -> Option<FailureClass> {
 /// SQLite's message for a BUSY or LOCKED result is the library's own fixed
 /// text for that code; compare with it rather than with a copy of the words.
 fn is_sqlite_busy(message: &str) -> bool {
-    use libsqlite3_sys::{SQLITE_BUSY, SQLITE_LOCKED, sqlite3_errstr};
-    [SQLITE_BUSY, SQLITE_LOCKED].into_iter().any(|code| {
+    use libsqlite3_sys::{SQLITE_BUSY, SQLITE_LOCKED};
+    sqlite_text_of_any(message, &[SQLITE_BUSY, SQLITE_LOCKED])
+}
+
+/// Whether `message` is SQLite's own fixed text for one of `codes`.
+fn sqlite_text_of_any(message: &str, codes: &[std::os::raw::c_int]) -> bool {
+    codes.iter().any(|&code| {
         // SAFETY: sqlite3_errstr returns a static, NUL-terminated string for
         // every result code, valid for the life of the process.
-        let text = unsafe { std::ffi::CStr::from_ptr(sqlite3_errstr(code)) };
+        let text = unsafe { std::ffi::CStr::from_ptr(libsqlite3_sys::sqlite3_errstr(code)) };
         text.to_str().is_ok_and(|text| text == message)
     })
+}
+
+/// True when the database's storage is full: Postgres's `disk_full`
+/// (53100, as the write function marks it) or SQLite's FULL (by its own
+/// text for that code).
+pub fn is_storage_full(error: &DieselError) -> bool {
+    marked_sqlstate(error) == Some("53100")
+        || matches!(error, DieselError::DatabaseError(_, info)
+            if sqlite_text_of_any(info.message(), &[libsqlite3_sys::SQLITE_FULL]))
 }
 
 /// True for SQLite's BUSY/LOCKED, by result code (see [`classify`]).

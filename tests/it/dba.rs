@@ -158,7 +158,7 @@ fn verify_passes_and_names_a_renamed_index(db: TestDb) {
         String::from_utf8_lossy(&out.stderr)
     );
     let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(report.lines().count(), 6, "{report}");
+    assert_eq!(report.lines().count(), 7, "{report}");
     assert!(report.lines().all(|l| l.starts_with("ok ")), "{report}");
     assert!(report.contains("1 created, 7 replayed"), "{report}");
 

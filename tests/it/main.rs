@@ -35,6 +35,7 @@ mod receipt_log;
 mod restart;
 mod retention;
 mod schema;
+mod storage_full;
 mod support;
 pub(crate) mod tools;
 mod verified_feed;

@@ -710,7 +710,7 @@ fn follow_with_another_deployments_cursor_exits_65() {
     .expect("follow");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(65), "{stderr}");
-    assert!(stderr.contains("remove the file"), "{stderr}");
+    assert!(stderr.contains("--from-start"), "{stderr}");
     assert!(out.stdout.is_empty());
     assert_eq!(
         std::fs::read_to_string(&cursor).expect("cursor"),
