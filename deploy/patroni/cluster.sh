@@ -2,11 +2,14 @@
 # A two-node PostgreSQL cluster under Patroni with one etcd, on this machine:
 # the recipe the HA test runs, and an operator can read (docs/OPERATIONS.md,
 # "Behind Patroni"). Synchronous replication is strict, so an acknowledged
-# commit is always on the standby too.
+# commit is always on the standby too: bootstrapped non-strict, and made
+# strict through the DCS once a synchronous standby streams (`strict`).
 #
 #   cluster.sh start DIR BASE_PORT   etcd on BASE_PORT (peers BASE_PORT+1),
 #                                    Postgres node1/node2 on BASE_PORT+10/+11,
 #                                    Patroni's REST API on BASE_PORT+20/+21
+#   cluster.sh strict DIR            synchronous_mode_strict on, once the
+#                                    leader has its synchronous standby
 #   cluster.sh node DIR NAME         starts one node's Patroni again
 #   cluster.sh stop DIR              stops everything it started
 #
@@ -58,10 +61,17 @@ bootstrap:
     loop_wait: 1
     retry_timeout: 4
     maximum_lag_on_failover: 1048576
-    # Every commit waits for the synchronous standby; with strict mode a
-    # leader left alone holds every commit rather than run unreplicated.
+    # Every commit waits for the synchronous standby. Strict mode (a leader
+    # left alone holds every commit rather than run unreplicated) is turned
+    # on only once a synchronous standby streams (`cluster.sh strict`):
+    # bootstrapped strict, Debian's Patroni 3.0.2 puts '*' in
+    # synchronous_standby_names before its post-bootstrap step, whose
+    # txid_current() then waits for a standby that cannot connect yet (no
+    # replication slot): node stuck in "bootstrap in progress" and the other
+    # "waiting for leader to bootstrap" for good (fixed in Patroni 3.0.4,
+    # patroni/patroni#2741).
     synchronous_mode: true
-    synchronous_mode_strict: true
+    synchronous_mode_strict: false
     postgresql:
       use_pg_rewind: true
       parameters:
@@ -106,6 +116,12 @@ YAML
   start_node node1
   start_node node2
   ;;
+strict)
+  # Through the DCS, as an operator would: every node takes it at its next
+  # loop.
+  runuser -u postgres -- patronictl -c "$dir/node1.yml" edit-config --force \
+    --set synchronous_mode_strict=true >>"$dir/patronictl.log" 2>&1
+  ;;
 node)
   start_node "${3:?node1 or node2}"
   ;;
@@ -124,7 +140,7 @@ stop)
   done
   ;;
 *)
-  echo "usage: cluster.sh start DIR BASE_PORT | node DIR NAME | stop DIR" >&2
+  echo "usage: cluster.sh start DIR BASE_PORT | strict DIR | node DIR NAME | stop DIR" >&2
   exit 2
   ;;
 esac

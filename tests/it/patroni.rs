@@ -132,7 +132,38 @@ impl Cluster {
                         .collect()
             },
         );
+        // Strict from here on, as the recipe says (bootstrapped strict,
+        // Debian's Patroni 3.0.2 can hang in its post-bootstrap step).
+        let status = Command::new("bash")
+            .arg(SCRIPT)
+            .arg("strict")
+            .arg(&cluster.dir)
+            .status()
+            .expect("run cluster.sh strict");
+        assert!(status.success(), "cluster.sh strict\n{}", cluster.logs());
+        let started = Instant::now();
+        while !cluster.strict() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "synchronous_mode_strict not on after 30 s\n{}",
+                cluster.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
         cluster
+    }
+
+    /// Whether the DCS says strict synchronous mode (`GET /config`).
+    fn strict(&self) -> bool {
+        NODES.iter().any(|node| {
+            ureq::get(&format!("http://127.0.0.1:{}/config", self.rest_port(node)))
+                .timeout(Duration::from_secs(2))
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .is_some_and(|config| config["synchronous_mode_strict"] == Value::Bool(true))
+        })
     }
 
     fn pg_port(&self, node: &str) -> u16 {
@@ -209,22 +240,40 @@ impl Cluster {
         }
     }
 
-    /// The end of every log the cluster writes: each node's Patroni (with
-    /// its Postgres's own lines: the nodes log to stderr, which Patroni's
-    /// log takes), any log file Postgres kept in its data directory, and
-    /// etcd's; the ports in use.
+    /// Every log the cluster writes, enough to find a cause: each node's
+    /// Patroni log (with its Postgres's own lines: the nodes log to stderr,
+    /// which Patroni's log takes) from its bootstrap (initdb, the
+    /// postmaster's start), every FATAL, PANIC or ERROR line in it, and
+    /// its end; any log file Postgres kept in its data directory; etcd's;
+    /// the ports in use.
     fn logs(&self) -> String {
         let tail = |path: &Path, lines: usize| {
             let log = std::fs::read_to_string(path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(lines).collect();
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         };
+        let bootstrap_and_failures = |path: &Path| {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let head: Vec<&str> = log.lines().take(80).collect();
+            let failures: Vec<&str> = log
+                .lines()
+                .skip(80)
+                .filter(|l| ["FATAL", "PANIC", "ERROR"].iter().any(|w| l.contains(w)))
+                .collect();
+            format!(
+                "{}\n... failures after that:\n{}",
+                head.join("\n"),
+                failures.join("\n")
+            )
+        };
         let mut told = vec![format!("base port {}", self.base)];
         for node in NODES {
+            let log = self.dir.join(format!("{node}.log"));
             told.push(format!(
-                "--- {node} (Patroni and Postgres):\n{}",
-                tail(&self.dir.join(format!("{node}.log")), 40)
+                "--- {node} (Patroni and Postgres), from its start:\n{}",
+                bootstrap_and_failures(&log)
             ));
+            told.push(format!("--- {node}, its end:\n{}", tail(&log, 40)));
             let kept = std::fs::read_dir(self.dir.join(node).join("log"))
                 .into_iter()
                 .flatten()
