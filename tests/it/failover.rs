@@ -253,6 +253,10 @@ fn after_a_failover_to_a_standby_that_was_behind_the_feed_skips_nothing_new() {
         .expect("stop the primary");
     standby.ctl(&["start"]).expect("start the standby");
     standby.ctl(&["promote"]).expect("promote the standby");
+    // Before the new timeline's first write, the reader's cursor (past
+    // what the standby kept) is placed, not refused: nothing to read yet.
+    let (before, _) = read_to_end(&service.addr, &reader, Some(cursor.clone()));
+    assert!(before.is_empty(), "{before:?}");
     let written: Vec<String> = (0..40)
         .map(|i| create_through_failover(&service.addr, &planner, &format!("after-{i}")))
         .collect();
