@@ -423,7 +423,7 @@ mod tests {
             ("plan-intake-sqlstate:23514", FailureClass::Refused),
             ("plan-intake-sqlstate:23502", FailureClass::Unavailable),
             ("plan-intake-sqlstate:42501", FailureClass::Unavailable),
-            ("plan-intake-sqlstate:53100", FailureClass::Unavailable),
+            ("plan-intake-sqlstate:53100", FailureClass::StorageFull),
         ];
         for (hint, class) in cases {
             for commit_sent in [false, true] {
@@ -479,5 +479,20 @@ mod tests {
         assert!(is_busy(&busy));
         let locked = error(DatabaseErrorKind::Unknown, "database table is locked", None);
         assert!(is_busy(&locked));
+    }
+
+    /// SQLite's FULL, by its own text, at a statement or at COMMIT alike.
+    #[test]
+    fn sqlite_full_is_recognised_by_its_result_code_text() {
+        let full = error(DatabaseErrorKind::Unknown, "database or disk is full", None);
+        for commit_sent in [false, true] {
+            assert_eq!(
+                classify(&full, commit_sent, false),
+                FailureClass::StorageFull
+            );
+        }
+        assert!(is_storage_full(&full));
+        let other = error(DatabaseErrorKind::Unknown, "disk I/O error", None);
+        assert!(!is_storage_full(&other));
     }
 }
