@@ -179,13 +179,20 @@ pub struct StartQuery {
 
 #[utoipa::path(get, path = "/v1/checkpoint/start", tag = "evidence",
     params(StartQuery),
+    security(("bearer" = [])),
     responses(
-        (status = 200, description = "Where a verifying follower starts at a checkpoint of `size` leaves it trusts (`follow --verify --from-checkpoint FILE`, or the first checkpoint it sees): the roots of that tree's perfect subtrees, which hash to the checkpoint's root, and the feed cursor after its last leaf", body = crate::intake::receipt_log::CheckpointStart),
+        (status = 200, description = "Where a verifying follower starts at a checkpoint of `size` leaves it trusts (`follow --verify --from-checkpoint FILE`, or the first checkpoint it sees): the roots of that tree's perfect subtrees, which hash to the checkpoint's root, and the feed cursor after its last leaf (a feed cursor: for the feed's readers, `receipts:read`)", body = crate::intake::receipt_log::CheckpointStart),
         (status = 400, description = "`size` missing or not a number, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A login without `receipts:read`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No checkpoint holds `size` leaves yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn start(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    // Its `after` is a feed cursor (it places a reader in the feed): for
+    // the feed's readers only, as the feed itself is.
+    let login = super::auth::authenticate(&req, &state).await?;
+    super::auth::require(&login, crate::intake::Permission::ReceiptsRead)?;
     let query = web::Query::<StartQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
         .into_inner();
@@ -217,19 +224,61 @@ pub async fn log_checkpoint(
 }
 
 #[utoipa::path(get, path = "/v1/log/tile/{tile}", tag = "evidence",
-    params(("tile" = String, Path, description = "C2SP tlog-tiles: `<L>/<N>[.p/<W>]` (a hash tile of level L, height 8) or `entries/<N>[.p/<W>]` (an entry bundle: each leaf, a receipt's signed form, after its length as 16 big-endian bits); N in groups of three digits, all but the last prefixed with `x`")),
+    params(("tile" = String, Path, description = "C2SP tlog-tiles: `<L>/<N>[.p/<W>]` (a hash tile of level L, height 8: public) or `entries/<N>[.p/<W>]` (an entry bundle: each leaf, a receipt's signed form, after its length as 16 big-endian bits; the receipts themselves, so only for a login that may read every receipt, `receipts:read`); N in groups of three digits, all but the last prefixed with `x`. One spelling per tile, as C2SP writes it, and no query string: anything else is refused")),
+    security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The tile at the newest checkpoint; a full tile never changes (cached for a year, immutable)", body = Vec<u8>, content_type = "application/octet-stream"),
-        (status = 404, description = "No such tile in the layout (`not-found`), or no signed checkpoint holds it yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The tile at the newest checkpoint; a full tile never changes (cached for a year, immutable, and kept in memory by the service)", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, description = "A query string: a tile has one URL (`invalid-query`)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "An entry bundle asked without a valid token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "An entry bundle asked by a login without `receipts:read`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such tile in the layout, or not spelled as C2SP spells it (`not-found`), or no signed checkpoint holds it yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn log_tile(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let path = req.match_info().query("tile");
-    let tile = crate::intake::receipt_log::TileRequest::parse(&format!("tile/{path}"))
+    // One URL per tile, so a cache in front keeps one copy: the path as
+    // sent (not percent-decoded) must be the tile's C2SP spelling.
+    if !req.query_string().is_empty() {
+        return Err(ApiError::BadQuery(
+            "a tile takes no query string: each tile has one URL".to_owned(),
+        ));
+    }
+    let sent = req
+        .uri()
+        .path()
+        .strip_prefix("/v1/log/")
         .ok_or(ApiError::NotFound)?;
+    let tile = crate::intake::receipt_log::TileRequest::parse(sent).ok_or(ApiError::NotFound)?;
+    // Entry bundles are the receipts: held to the receipts' own rule for
+    // what crosses makers, a login that may read every receipt. Hash tiles
+    // (and checkpoints) reveal nothing and stay public.
+    if matches!(
+        tile,
+        crate::intake::receipt_log::TileRequest::Entries { .. }
+    ) {
+        let login = super::auth::authenticate(&req, &state).await?;
+        super::auth::require(&login, crate::intake::Permission::ReceiptsRead)?;
+    }
+    let answer = |data: actix_web::web::Bytes| {
+        let answer = HttpResponse::Ok()
+            .content_type("application/octet-stream")
+            .body(data);
+        with_cache(
+            answer,
+            if tile.is_full() {
+                "public, max-age=31536000, immutable"
+            } else {
+                "no-cache"
+            },
+        )
+    };
+    if tile.is_full()
+        && let Some(data) = state.full_tiles.get(&tile.path())
+    {
+        return Ok(answer(data));
+    }
     let deadline = super::deadline::of(&req, &state);
     let data = state
         .blocking(deadline, move |intake| intake.log_tile(tile, &deadline))
@@ -237,17 +286,70 @@ pub async fn log_tile(
         .ok_or(ApiError::NotLoggedYet(
             "no signed checkpoint holds that tile yet",
         ))?;
-    let answer = HttpResponse::Ok()
-        .content_type("application/octet-stream")
-        .body(data);
-    Ok(with_cache(
-        answer,
-        if tile.is_full() {
-            "public, max-age=31536000, immutable"
-        } else {
-            "no-cache"
-        },
-    ))
+    let data = actix_web::web::Bytes::from(data);
+    if tile.is_full() {
+        state.full_tiles.keep(tile.path(), data.clone());
+    }
+    Ok(answer(data))
+}
+
+/// Full tiles, kept in memory once read: a full tile never changes, and an
+/// entry bundle costs 256 rows and as many receipts made again. Bounded in
+/// bytes; the oldest kept goes first.
+pub struct FullTiles {
+    kept: std::sync::Mutex<FullTilesInner>,
+}
+
+#[derive(Default)]
+struct FullTilesInner {
+    by_path: std::collections::HashMap<String, actix_web::web::Bytes>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl FullTiles {
+    /// At most this many bytes of tiles are kept.
+    pub const MAX_BYTES: usize = 64 * 1024 * 1024;
+
+    pub fn new() -> Self {
+        Self {
+            kept: std::sync::Mutex::new(FullTilesInner::default()),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, FullTilesInner> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn get(&self, path: &str) -> Option<actix_web::web::Bytes> {
+        self.inner().by_path.get(path).cloned()
+    }
+
+    pub fn keep(&self, path: String, data: actix_web::web::Bytes) {
+        let mut inner = self.inner();
+        if data.len() > Self::MAX_BYTES || inner.by_path.contains_key(&path) {
+            return;
+        }
+        while inner.bytes + data.len() > Self::MAX_BYTES {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = inner.by_path.remove(&oldest) {
+                inner.bytes -= gone.len();
+            }
+        }
+        inner.bytes += data.len();
+        inner.order.push_back(path.clone());
+        inner.by_path.insert(path, data);
+    }
+}
+
+impl Default for FullTiles {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 fn with_cache(mut answer: HttpResponse, rule: &'static str) -> HttpResponse {

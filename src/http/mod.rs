@@ -37,6 +37,8 @@ pub struct AppState {
     admission: std::sync::Arc<admission::Admission>,
     /// True once the service stops: long polls answer at once.
     stopping: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+    /// Full tiles of the receipt log, kept once read.
+    pub(crate) full_tiles: std::sync::Arc<evidence::FullTiles>,
 }
 
 impl AppState {
@@ -48,6 +50,7 @@ impl AppState {
             http,
             admission,
             stopping: std::sync::Arc::new(tokio::sync::watch::Sender::new(false)),
+            full_tiles: std::sync::Arc::new(evidence::FullTiles::new()),
         }
     }
 

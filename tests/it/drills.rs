@@ -342,11 +342,13 @@ fn no_valid_plan_breaks_the_tiles(db: TestDb) {
         leaf.len()
     );
     checkpoint_of_at_least(&service.addr, 1);
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
     let bundle = crate::support::process::client()
         .get(&format!(
             "http://{}/v1/log/tile/entries/000.p/1",
             service.addr
         ))
+        .set("Authorization", &format!("Bearer {reader}"))
         .call()
         .expect("the entry bundle");
     let mut bytes = Vec::new();

@@ -151,12 +151,18 @@ pub(crate) fn audit(url: &str, keys: &Path, checkpoints: &[&Path]) -> (i32, Stri
 
 /// The independent check (`tests/fixtures/rfc6962.py ARGS…`) holds.
 pub(crate) fn independent_check(args: &[&str]) {
+    independent_check_as(args, None);
+}
+
+/// [`independent_check`] with a reader's token for the entry bundles.
+pub(crate) fn independent_check_as(args: &[&str], token: Option<&str>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rfc6962.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("run python3");
+    let mut command = Command::new("python3");
+    command.arg(script).args(args);
+    if let Some(token) = token {
+        command.env("PLAN_INTAKE_TOKEN", token);
+    }
+    let out = command.output().expect("run python3");
     assert!(
         out.status.success(),
         "the independent RFC 6962 check failed: {}{}",

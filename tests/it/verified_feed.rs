@@ -825,10 +825,14 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
     write_plans(&logged.service, &planner, "tiled", 260 - PLANS);
     crate::evidence::checkpoint_of_at_least(&logged.service.addr, 260);
     let base = format!("http://{}/v1/log", logged.service.addr);
-    crate::evidence::independent_check(&["tiles", &base]);
+    crate::evidence::independent_check_as(&["tiles", &base], Some(&logged.reader));
 
-    let cache = |path: &str| -> (u16, Option<String>) {
-        match client().get(&format!("{base}/{path}")).call() {
+    let cache_as = |path: &str, token: Option<&str>| -> (u16, Option<String>) {
+        let mut request = client().get(&format!("{base}/{path}"));
+        if let Some(token) = token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        match request.call() {
             Ok(answer) => (
                 answer.status(),
                 answer.header("cache-control").map(str::to_owned),
@@ -837,9 +841,21 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
             Err(e) => panic!("GET {path}: {e}"),
         }
     };
+    let cache = |path: &str| cache_as(path, None);
     let immutable = Some("public, max-age=31536000, immutable".to_owned());
     assert_eq!(cache("tile/0/000"), (200, immutable.clone()));
-    assert_eq!(cache("tile/entries/000"), (200, immutable));
+    // The entries are the receipts: a login that may read every one.
+    assert_eq!(cache("tile/entries/000").0, 401);
+    assert_eq!(cache_as("tile/entries/000", Some(&planner)).0, 403);
+    assert_eq!(
+        cache_as("tile/entries/000", Some(&logged.reader)),
+        (200, immutable.clone())
+    );
+    // Kept once read: the same bytes again.
+    assert_eq!(
+        cache_as("tile/entries/000", Some(&logged.reader)),
+        (200, immutable)
+    );
     assert_eq!(cache("tile/0/001.p/4"), (200, Some("no-cache".to_owned())));
     for missing in [
         "tile/0/002",
@@ -847,9 +863,18 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
         "tile/1/000",
         "tile/0/1",
         "tile/x/000",
+        // One spelling per tile: percent-encoded digits are another URL.
+        "tile/0/%30%30%30",
+        "tile/0/0%300",
+        "tile/%30/000",
     ] {
         assert_eq!(cache(missing).0, 404, "{missing}");
     }
+    assert_eq!(
+        cache_as("tile/entries/%30%30%30", Some(&logged.reader)).0,
+        404
+    );
+    assert_eq!(cache("tile/0/000?bust=1").0, 400);
 }
 
 /// `--from-checkpoint FILE`: the follower trusts the checkpoint it is given
@@ -873,8 +898,11 @@ fn a_follower_starts_at_a_checkpoint_and_verifies_what_follows(db: TestDb) {
     assert_eq!(run.verified, PLANS as u64 + 3);
 
     let start_of_feed = {
-        let (status, body) =
-            crate::evidence::get_text(&logged.service.addr, None, "/v1/checkpoint/start?size=0");
+        let (status, body) = crate::evidence::get_text(
+            &logged.service.addr,
+            Some(&logged.reader),
+            "/v1/checkpoint/start?size=0",
+        );
         assert_eq!(status, 200, "{body}");
         serde_json::from_str::<Value>(&body).expect("json")["after"].clone()
     };
@@ -1210,7 +1238,7 @@ fn a_deleted_row_at_the_cursor_is_gone_past(db: TestDb) {
     );
     let (status, start) = crate::evidence::get_text(
         &logged.service.addr,
-        None,
+        Some(&logged.reader),
         &format!("/v1/checkpoint/start?size={PLANS}"),
     );
     assert_eq!(status, 200, "{start}");

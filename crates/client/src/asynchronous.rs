@@ -382,12 +382,15 @@ impl AsyncClient {
         }
     }
 
-    /// A GET of `url` (public evidence: no token needed, none sent).
+    /// A GET of `url`, a piece of evidence, with the reader's token (the
+    /// start at a checkpoint places the reader in the feed: for its readers
+    /// only; the rest is public, and takes the token as well).
     #[cfg(feature = "verify")]
     async fn get(&self, url: &str) -> Result<reqwest::Response, reqwest::Error> {
         self.http
             .get(url)
             .timeout(Duration::from_secs(30))
+            .header("Authorization", &self.authorization)
             .send()
             .await
     }

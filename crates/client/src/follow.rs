@@ -1213,6 +1213,9 @@ pub(crate) fn judge_evidence<T>(
         Exchange::Unreachable(why) => Err(FollowError::Unexpected(format!(
             "cannot reach the service: {why}"
         ))),
+        Exchange::Answer(answer) if matches!(answer.status, 401 | 403) => Err(FollowError::Denied(
+            format!("GET {query}: {}", answer.summary()),
+        )),
         Exchange::Answer(answer) => Err(FollowError::Unexpected(format!(
             "GET {query}: {}",
             answer.summary()
