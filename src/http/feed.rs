@@ -70,7 +70,10 @@ pub async fn list_receipts(
         Some(cursor) => Cursor::decode(cursor).map_err(ApiError::BadQuery)?,
         None => Cursor::default(),
     };
-    let (page, room) = read_or_wait(&state, after, limit, expand, wait, deadline).await?;
+    let reader = Reader {
+        token: super::auth::bearer_token(req.headers())?.to_owned(),
+    };
+    let (page, room) = read_or_wait(&state, &reader, after, limit, expand, wait, deadline).await?;
     let page = FeedPage {
         receipts: page.entries,
         next: page.next.encode(),
@@ -81,6 +84,12 @@ pub async fn list_receipts(
     }
 }
 
+/// Who waits on the feed: its token, looked up again before a page found
+/// after a wait is handed out (a login revoked meanwhile gets none).
+struct Reader {
+    token: String,
+}
+
 /// A page past `after`; with nothing there, waits up to `wait` for a
 /// receipt to join the feed, holding no connection while it waits. Woken by
 /// any instance's write, and every `RECHECK` in any case (a write that
@@ -89,6 +98,7 @@ pub async fn list_receipts(
 /// flight, to hold until it is sent.
 async fn read_or_wait(
     state: &AppState,
+    reader: &Reader,
     after: Cursor,
     limit: i64,
     expand: bool,
@@ -100,6 +110,7 @@ async fn read_or_wait(
     let mut changes = state.intake.feed_changes();
     let mut stopping = state.stopping();
     let metrics = &state.intake.metrics;
+    let mut waited = false;
     loop {
         changes.borrow_and_update();
         let (page, room) = if expand {
@@ -114,8 +125,12 @@ async fn read_or_wait(
         };
         let left = until.saturating_duration_since(std::time::Instant::now());
         if !page.entries.is_empty() || left.is_zero() || *stopping.borrow_and_update() {
+            if waited && !page.entries.is_empty() {
+                still_a_reader(state, reader, deadline).await?;
+            }
             return Ok((page, room));
         }
+        waited = true;
         let _waiting = metrics.feed_reader_waiting();
         let woken = async {
             tokio::select! {
@@ -129,6 +144,24 @@ async fn read_or_wait(
         }
         deadline = Deadline::after(state.http.request_timeout);
     }
+}
+
+/// The token of a reader that waited still names an active login that may
+/// read the feed: a revocation during a long poll ends it (401), and no
+/// page found after it is handed out.
+async fn still_a_reader(
+    state: &AppState,
+    reader: &Reader,
+    deadline: Deadline,
+) -> Result<(), ApiError> {
+    let token = reader.token.clone();
+    let login = state
+        .blocking(deadline, move |intake| {
+            intake.authenticate(&deadline, &token)
+        })
+        .await?
+        .ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
+    super::auth::require(&login, Permission::ReceiptsRead)
 }
 
 /// A page of whole plans, read in bounded memory: first how many plans fit

@@ -321,3 +321,56 @@ fn answer_to_head_only(addr: &str, content_length: usize) -> String {
     assert!(read.is_ok(), "no answer and close: {read:?} {text}");
     text
 }
+
+/// A reader revoked while its long poll waits: the poll does not hand out
+/// the plan that arrives after the revocation; it ends with 401.
+#[test]
+fn a_reader_revoked_during_its_long_poll_is_handed_nothing() {
+    use crate::support::process::{ServeProcess, client, keep_plan, login_via_cli, run_cli_at};
+    let db = TestDb::sqlite();
+    let service = ServeProcess::start(&db.url);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let url = format!(
+        "http://{}/v1/receipts?after=now&wait=30&expand=plan",
+        service.addr
+    );
+    let poll = std::thread::spawn(move || {
+        match client()
+            .get(&url)
+            .set("Authorization", &format!("Bearer {reader}"))
+            .call()
+        {
+            Ok(answer) => (answer.status(), answer.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(status, answer)) => {
+                (status, answer.into_string().unwrap_or_default())
+            }
+            Err(e) => panic!("the poll: {e}"),
+        }
+    });
+    let waiting = std::time::Instant::now();
+    while !service
+        .metrics_text()
+        .lines()
+        .any(|l| l == "plan_intake_feed_waiting_readers 1")
+    {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(20),
+            "the reader never waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let revoked = run_cli_at(&db.url, &["logins", "revoke", "orders"]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    let kept = keep_plan(
+        &client(),
+        &service.addr,
+        &planner,
+        "after-revoke",
+        &plan_body("after-revoke", "x"),
+    );
+    let (status, body) = poll.join().expect("the poll");
+    assert_eq!(status, 401, "{body}");
+    let id = kept["receipt_id"].as_str().expect("an id");
+    assert!(!body.contains(id), "{body}");
+}
