@@ -21,6 +21,7 @@ pub struct Metrics {
     pool_idle: IntGauge,
     pool_waiters: IntGauge,
     feed_waiting: IntGauge,
+    checkpoint_waiting: IntGauge,
     feed_wakeups: IntCounter,
     feed_lag: Gauge,
     commit_waits_for_standby: IntGauge,
@@ -232,6 +233,10 @@ impl Metrics {
                 "plan_intake_feed_waiting_readers",
                 "Feed readers waiting (wait=S) for a receipt past their cursor",
             ),
+            checkpoint_waiting: define.int_gauge(
+                "plan_intake_checkpoint_waiting_readers",
+                "Readers waiting (GET /v1/checkpoint/extension?wait=S) for a checkpoint that holds their leaves; bounded, in all and per address",
+            ),
             feed_wakeups: define.counter(
                 "plan_intake_feed_wakeups_total",
                 "Waiting feed readers woken by a write (any instance's)",
@@ -294,6 +299,11 @@ impl Metrics {
     /// One database lookup of a token no login has shown lately.
     pub fn stranger_lookup(&self) {
         self.stranger_lookups.inc();
+    }
+
+    /// The gauge of readers waiting for a checkpoint.
+    pub fn checkpoint_waiting(&self) -> IntGauge {
+        self.checkpoint_waiting.clone()
     }
 
     /// One more reader waiting on the feed, until the guard is dropped.

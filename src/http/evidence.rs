@@ -121,7 +121,8 @@ pub async fn extension(
     let wait =
         crate::intake::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let deadline = super::deadline::of(&req, &state);
-    let extension = extension_or_wait(&state, query.size, query.since, wait, deadline)
+    let peer = req.peer_addr().map(|address| address.ip());
+    let extension = extension_or_wait(&state, peer, query.size, query.since, wait, deadline)
         .await?
         .ok_or(ApiError::NotLoggedYet(
             "no checkpoint holds that many leaves yet; the log takes a few seconds",
@@ -131,31 +132,44 @@ pub async fn extension(
 
 /// The extension, once a checkpoint holds `size` leaves; with none yet,
 /// asks this instance's appender for a round and waits up to `wait`,
-/// holding no connection. Woken when this instance signs, and every
-/// `RECHECK` in any case (another instance may have signed).
+/// holding no connection. A waiter costs nothing until the log moves: it
+/// is woken when this instance signs, and otherwise looks at the newest
+/// checkpoint's size that one read shared by every waiter keeps
+/// (`NewestCheckpoint`, at most one read per `RECHECK`); only once that
+/// holds `size` leaves does it read its proofs. Waiters are bounded in
+/// number and per address (`ExtensionWaiters`); one past them is answered
+/// at once, as if its wait were 0.
 async fn extension_or_wait(
     state: &AppState,
+    peer: Option<std::net::IpAddr>,
     size: u64,
     since: Option<u64>,
     wait: std::time::Duration,
-    mut deadline: crate::deadline::Deadline,
+    deadline: crate::deadline::Deadline,
 ) -> Result<Option<crate::intake::receipt_log::CheckpointExtension>, ApiError> {
     const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
     let until = std::time::Instant::now() + wait;
     let mut signed = state.intake.log_rounds().subscribe();
     let mut stopping = state.stopping();
+    let read = |deadline: crate::deadline::Deadline| {
+        state.blocking(deadline, move |intake| {
+            intake.checkpoint_extension(size, since, &deadline)
+        })
+    };
+    signed.borrow_and_update();
+    let found = read(deadline).await?;
+    // A service that signs nothing appends nothing for the asker.
+    let signs = state.intake.signing_key().is_some();
+    if found.is_some() || wait.is_zero() || !signs {
+        return Ok(found);
+    }
+    let Some(_waiter) = state.extension_waiters.enter(peer) else {
+        return Ok(None);
+    };
     loop {
-        signed.borrow_and_update();
-        let found = state
-            .blocking(deadline, move |intake| {
-                intake.checkpoint_extension(size, since, &deadline)
-            })
-            .await?;
         let left = until.saturating_duration_since(std::time::Instant::now());
-        // A service that signs nothing appends nothing for the asker.
-        let signs = state.intake.signing_key().is_some();
-        if found.is_some() || left.is_zero() || !signs || *stopping.borrow_and_update() {
-            return Ok(found);
+        if left.is_zero() || *stopping.borrow_and_update() {
+            return Ok(None);
         }
         state.intake.log_rounds().want();
         let woken = async {
@@ -165,7 +179,122 @@ async fn extension_or_wait(
             }
         };
         let _ = actix_web::rt::time::timeout(left.min(RECHECK), woken).await;
-        deadline = crate::deadline::Deadline::after(state.http.request_timeout);
+        let deadline = crate::deadline::Deadline::after(state.http.request_timeout);
+        let here = *signed.borrow_and_update();
+        let newest = if here >= size {
+            here
+        } else {
+            state
+                .newest_checkpoint
+                .size(state, RECHECK, deadline)
+                .await?
+        };
+        if newest >= size {
+            return read(deadline).await;
+        }
+    }
+}
+
+/// The newest checkpoint's size as last read, shared by every waiting
+/// reader: whoever finds it older than asked reads it again for all.
+#[derive(Default)]
+pub struct NewestCheckpoint {
+    read: tokio::sync::Mutex<Option<(std::time::Instant, u64)>>,
+}
+
+impl NewestCheckpoint {
+    async fn size(
+        &self,
+        state: &AppState,
+        fresh_for: std::time::Duration,
+        deadline: crate::deadline::Deadline,
+    ) -> Result<u64, ApiError> {
+        let mut read = self.read.lock().await;
+        if let Some((at, size)) = *read
+            && at.elapsed() < fresh_for
+        {
+            return Ok(size);
+        }
+        let size = state
+            .blocking(deadline, move |intake| {
+                intake.newest_checkpoint_size(&deadline)
+            })
+            .await?;
+        *read = Some((std::time::Instant::now(), size));
+        Ok(size)
+    }
+}
+
+/// How many readers may wait for a checkpoint at once, in all and from one
+/// address: the evidence is public, so its waiting is bounded like the
+/// door's strangers.
+pub struct ExtensionWaiters {
+    counts: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    gauge: prometheus::IntGauge,
+}
+
+impl ExtensionWaiters {
+    pub const MAX: usize = 512;
+    pub const MAX_PER_ADDRESS: usize = 32;
+
+    pub fn new(gauge: prometheus::IntGauge) -> Self {
+        Self {
+            counts: std::sync::Mutex::new((0, std::collections::HashMap::new())),
+            gauge,
+        }
+    }
+
+    fn counts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (usize, std::collections::HashMap<std::net::IpAddr, usize>)>
+    {
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place to wait, given back when dropped; `None` past the bounds.
+    fn enter(&self, peer: Option<std::net::IpAddr>) -> Option<Waiting<'_>> {
+        let mut counts = self.counts();
+        let (all, by_address) = &mut *counts;
+        if *all >= Self::MAX {
+            return None;
+        }
+        if let Some(peer) = peer {
+            let mine = by_address.entry(peer).or_default();
+            if *mine >= Self::MAX_PER_ADDRESS {
+                return None;
+            }
+            *mine += 1;
+        }
+        *all += 1;
+        self.gauge.inc();
+        Some(Waiting {
+            waiters: self,
+            peer,
+        })
+    }
+}
+
+struct Waiting<'a> {
+    waiters: &'a ExtensionWaiters,
+    peer: Option<std::net::IpAddr>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.waiters.counts();
+        let (all, by_address) = &mut *counts;
+        *all = all.saturating_sub(1);
+        self.waiters.gauge.dec();
+        if let Some(peer) = self.peer
+            && let Some(mine) = by_address.get_mut(&peer)
+        {
+            *mine = mine.saturating_sub(1);
+            if *mine == 0 {
+                by_address.remove(&peer);
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 mod admission;
 mod auth;
 mod deadline;
-mod evidence;
+pub mod evidence;
 mod expect;
 mod feed;
 pub mod observe;
@@ -39,10 +39,15 @@ pub struct AppState {
     stopping: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
     /// Full tiles of the receipt log, kept once read.
     pub(crate) full_tiles: std::sync::Arc<evidence::FullTiles>,
+    /// The newest checkpoint's size, one read shared by waiting readers.
+    pub(crate) newest_checkpoint: std::sync::Arc<evidence::NewestCheckpoint>,
+    /// Readers waiting for a checkpoint, bounded.
+    pub(crate) extension_waiters: std::sync::Arc<evidence::ExtensionWaiters>,
 }
 
 impl AppState {
     pub fn new(intake: Intake, http: HttpConfig) -> Self {
+        let checkpoint_waiting = intake.metrics.checkpoint_waiting();
         let admission =
             admission::Admission::new(http.max_inflight_per_login, http.max_body_bytes_in_flight);
         Self {
@@ -51,6 +56,10 @@ impl AppState {
             admission,
             stopping: std::sync::Arc::new(tokio::sync::watch::Sender::new(false)),
             full_tiles: std::sync::Arc::new(evidence::FullTiles::new()),
+            newest_checkpoint: std::sync::Arc::default(),
+            extension_waiters: std::sync::Arc::new(evidence::ExtensionWaiters::new(
+                checkpoint_waiting,
+            )),
         }
     }
 

@@ -614,6 +614,15 @@ impl Intake {
         self.replicated(found, deadline)
     }
 
+    /// How many leaves the newest checkpoint holds (0: none yet): what a
+    /// waiting reader looks at before it asks for proofs.
+    pub fn newest_checkpoint_size(&self, deadline: &Deadline) -> Result<u64, ReadError> {
+        let found = self
+            .db
+            .read(deadline, crate::storage::receipt_log::latest_checkpoint)?;
+        Ok(found.map_or(0, |c| u64::try_from(c.tree_size).unwrap_or(0)))
+    }
+
     /// The newest checkpoint with the consistency proofs to it from the
     /// trees of `size` and `since` leaves (`GET
     /// /v1/checkpoint/extension`); `None` while it holds fewer than `size`.

@@ -654,3 +654,52 @@ async fn an_async_follower_resumes_from_its_proof_and_names_a_restore() {
     assert!(handed.is_empty());
     drop(service);
 }
+
+/// The checkpoint's long poll is public, so its waiting is bounded: from
+/// one address at most `MAX_PER_ADDRESS` readers wait; the next is answered
+/// at once (404 `not-logged-yet`), costing nothing while it would wait.
+#[test]
+fn waiting_for_a_checkpoint_is_bounded_per_address() {
+    use plan_intake::http::evidence::ExtensionWaiters;
+    let db = TestDb::sqlite();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let service = serve_signed(&db.url, &[&key]);
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    submit(&service.addr, &planner, "one", 1);
+    checkpoint_of_at_least(&service.addr, 1);
+    let ask = |addr: String| {
+        std::thread::spawn(move || {
+            let asked = std::time::Instant::now();
+            let (status, _) =
+                crate::evidence::get_text(&addr, None, "/v1/checkpoint/extension?size=1000&wait=8");
+            (status, asked.elapsed())
+        })
+    };
+    let waiting: Vec<_> = (0..ExtensionWaiters::MAX_PER_ADDRESS)
+        .map(|_| ask(service.addr.clone()))
+        .collect();
+    let gauge = format!(
+        "plan_intake_checkpoint_waiting_readers {}",
+        ExtensionWaiters::MAX_PER_ADDRESS
+    );
+    let began = std::time::Instant::now();
+    while !service.metrics_text().lines().any(|l| l == gauge) {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(6),
+            "the readers never all waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, took) = ask(service.addr.clone()).join().expect("the one past");
+    assert_eq!(status, 404);
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "the reader past the bound waited {took:?}"
+    );
+    for waiter in waiting {
+        let (status, took) = waiter.join().expect("a waiter");
+        assert_eq!(status, 404);
+        assert!(took >= std::time::Duration::from_secs(7), "{took:?}");
+    }
+}
