@@ -132,11 +132,12 @@ pub async fn extension(
 
 /// The extension, once a checkpoint holds `size` leaves; with none yet,
 /// asks this instance's appender for a round and waits up to `wait`,
-/// holding no connection. A waiter costs nothing until the log moves: it
-/// is woken when this instance signs, and otherwise looks at the newest
-/// checkpoint's size that one read shared by every waiter keeps
-/// (`NewestCheckpoint`, at most one read per `RECHECK`); only once that
-/// holds `size` leaves does it read its proofs. Waiters are bounded in
+/// holding no connection. A waiter asks for one round, then costs no
+/// read of its own until the log moves: it is woken when this instance
+/// signs, and otherwise looks at the newest checkpoint's size that one
+/// read shared by every waiter keeps (`NewestCheckpoint`, at most one read
+/// per `RECHECK`); only once that holds `size` leaves does it read its
+/// proofs. Waiters are bounded in
 /// number and per address (`ExtensionWaiters`); one past them is answered
 /// at once, as if its wait were 0.
 async fn extension_or_wait(
@@ -166,12 +167,13 @@ async fn extension_or_wait(
     let Some(_waiter) = state.extension_waiters.enter(peer) else {
         return Ok(None);
     };
+    // One round asked for, now: the appender then runs at its own pace.
+    state.intake.log_rounds().want();
     loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() || *stopping.borrow_and_update() {
             return Ok(None);
         }
-        state.intake.log_rounds().want();
         let woken = async {
             tokio::select! {
                 _ = signed.changed() => {}
@@ -189,7 +191,8 @@ async fn extension_or_wait(
                 .size(state, RECHECK, deadline)
                 .await?
         };
-        if newest >= size {
+        // (No checkpoint reads as 0: a reader of `size=0` waits for one.)
+        if newest >= size.max(1) {
             return read(deadline).await;
         }
     }
@@ -394,19 +397,35 @@ pub async fn log_tile(
         let answer = HttpResponse::Ok()
             .content_type("application/octet-stream")
             .body(data);
+        // An entry bundle answers a login: a shared cache must not hand it
+        // to the next caller, so it is private to the asker's own cache.
+        let entries = matches!(
+            tile,
+            crate::intake::receipt_log::TileRequest::Entries { .. }
+        );
         with_cache(
             answer,
-            if tile.is_full() {
-                "public, max-age=31536000, immutable"
-            } else {
-                "no-cache"
+            match (tile.is_full(), entries) {
+                (true, false) => "public, max-age=31536000, immutable",
+                (true, true) => "private, max-age=31536000, immutable",
+                (false, _) => "no-cache",
             },
         )
     };
     if tile.is_full()
         && let Some(data) = state.full_tiles.get(&tile.path())
     {
-        return Ok(answer(data));
+        // Kept from a tree the log may no longer reach (a database
+        // restored under this instance): only while the newest checkpoint
+        // still holds it (one read shared with the waiting readers).
+        let deadline = super::deadline::of(&req, &state);
+        let newest = state
+            .newest_checkpoint
+            .size(&state, std::time::Duration::from_millis(250), deadline)
+            .await?;
+        if newest >= tile.end() {
+            return Ok(answer(data));
+        }
     }
     let deadline = super::deadline::of(&req, &state);
     let data = state

@@ -314,7 +314,11 @@ impl Intake {
     fn after_write(&self, caller: &Caller, written: &Result<Accepted, SubmitError>) {
         match written {
             Err(SubmitError::Unauthorized) => self.known.forget(&caller.token_hash),
-            Ok(_) if self.storage_full.landed() => {
+            // A replay reads; only a write that landed says there is room.
+            Ok(accepted)
+                if accepted.outcome != plan_intake_wire::Outcome::Replayed
+                    && self.storage_full.landed() =>
+            {
                 tracing::info!("a write landed again: the database's storage is no longer full");
                 self.metrics.set_storage_full(false);
             }

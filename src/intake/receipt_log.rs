@@ -157,6 +157,23 @@ impl TileRequest {
         format!("tile/{kind}/{}{partial}", groups.join("/"))
     }
 
+    /// The tree size that holds this tile whole: its last leaf (or the
+    /// last leaf under its last hash) plus one.
+    pub fn end(&self) -> u64 {
+        let (level, index, width) = match self {
+            Self::Hashes {
+                level,
+                index,
+                width,
+            } => (u32::from(*level), *index, *width),
+            Self::Entries { index, width } => (0, *index, *width),
+        };
+        let leaves = index
+            .saturating_mul(u64::from(TILE_WIDTH))
+            .saturating_add(u64::from(width));
+        leaves.checked_shl(8 * level).unwrap_or(u64::MAX)
+    }
+
     /// A full tile never changes.
     pub fn is_full(&self) -> bool {
         match self {

@@ -124,6 +124,18 @@ fn full_then_freed(service: &ServeProcess, token: &str, free: impl FnOnce()) {
         "{ready}"
     );
     assert_eq!(gauge(service), "plan_intake_storage_full 1");
+    // A replay reads and writes nothing: it says nothing about room.
+    let (status, replayed) = post_plan(
+        &client(),
+        &service.addr,
+        token,
+        "bulky-0",
+        &bulky_plan("bulky-0", 48 * 1024),
+    )
+    .expect("an answer");
+    assert_eq!(status, 200, "{replayed}");
+    assert_eq!(readyz(&service.addr).0, 503);
+    assert_eq!(gauge(service), "plan_intake_storage_full 1");
 
     free();
     let (status, receipt) =

@@ -847,14 +847,16 @@ fn the_log_is_served_as_c2sp_tiles(db: TestDb) {
     // The entries are the receipts: a login that may read every one.
     assert_eq!(cache("tile/entries/000").0, 401);
     assert_eq!(cache_as("tile/entries/000", Some(&planner)).0, 403);
+    // Answered to a login: no shared cache may keep it for the next.
+    let private = Some("private, max-age=31536000, immutable".to_owned());
     assert_eq!(
         cache_as("tile/entries/000", Some(&logged.reader)),
-        (200, immutable.clone())
+        (200, private.clone())
     );
-    // Kept once read: the same bytes again.
+    // Kept once read: the same answer again.
     assert_eq!(
         cache_as("tile/entries/000", Some(&logged.reader)),
-        (200, immutable)
+        (200, private)
     );
     assert_eq!(cache("tile/0/001.p/4"), (200, Some("no-cache".to_owned())));
     for missing in [

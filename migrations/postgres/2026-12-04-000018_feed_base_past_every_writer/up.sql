@@ -9,8 +9,8 @@
 -- Without p_record (the horizon, before any base is recorded) the estimate
 -- stays MAX(feed_xid) + 1 - xmax: a horizon of at most MAX + 1, never past
 -- a position a later recorder gives, since xmin <= xmax. A timeline's start
--- is then the recorder's MAX + 1 (its base plus xmin), which no writer of
--- that timeline goes below.
+-- is then the recorder's MAX + 1 (its base plus xmin; the lowest id itself
+-- when the base is 0), which no writer of that timeline goes below.
 CREATE OR REPLACE FUNCTION plan_intake_feed_base(p_record BOOLEAN) RETURNS BIGINT
 LANGUAGE plpgsql
 AS $$
