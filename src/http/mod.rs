@@ -43,6 +43,8 @@ pub struct AppState {
     pub(crate) newest_checkpoint: std::sync::Arc<evidence::NewestCheckpoint>,
     /// Readers waiting for a checkpoint, bounded.
     pub(crate) extension_waiters: std::sync::Arc<evidence::ExtensionWaiters>,
+    /// The last reason `/readyz` logged for not being ready.
+    not_ready_told: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl AppState {
@@ -60,6 +62,7 @@ impl AppState {
             extension_waiters: std::sync::Arc::new(evidence::ExtensionWaiters::new(
                 checkpoint_waiting,
             )),
+            not_ready_told: std::sync::Arc::default(),
         }
     }
 
@@ -68,6 +71,25 @@ impl AppState {
     /// stop waits only for requests that do work.
     pub fn begin_stop(&self) {
         self.stopping.send_replace(true);
+    }
+
+    /// Says at WARN why the service is not ready, once per reason (and at
+    /// INFO when it is ready again: `reason` empty), so that `/readyz`
+    /// polled every second does not fill the log.
+    pub(crate) fn tell_not_ready(&self, reason: &str) {
+        let mut told = self
+            .not_ready_told
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *told == reason {
+            return;
+        }
+        if reason.is_empty() {
+            tracing::info!("ready again");
+        } else {
+            tracing::warn!(reason, "not ready");
+        }
+        reason.clone_into(&mut told);
     }
 
     /// Changes to true when the service stops.
@@ -255,7 +277,7 @@ pub struct Ready {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to take plans", body = Ready),
-        (status = 503, description = "Not ready, the reason named by the problem's type and told in its detail: `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached), `receipt-log-stuck` (the receipt log's appender cannot go on: why), `signing-key-unpublished` (the signing key cannot be recorded at `GET /v1/signing-keys`: why)", body = problem::Problem, content_type = "application/problem+json",
+        (status = 503, description = "Not ready, the reason named by the problem's type (to everyone) and told in its detail (to a caller with a valid token; others are pointed to the service's log, where it is said once when it changes): `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached), `receipt-log-stuck` (the receipt log's appender cannot go on: why), `signing-key-unpublished` (the signing key cannot be recorded at `GET /v1/signing-keys`: why)", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
 pub async fn readyz(
@@ -263,24 +285,41 @@ pub async fn readyz(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let deadline = deadline::of(&req, &state);
-    // Not ready: the reason named, told whole (an operator's endpoint).
     let readiness = state
         .blocking(deadline, move |intake| intake.readiness(&deadline))
-        .await
-        .map_err(|e| match e {
-            ApiError::NotSetUp(reason) => ApiError::NotReady {
-                problem: problem::not_set_up(&reason),
-                detail: reason.to_string(),
-            },
-            ApiError::Internal(cause) | ApiError::Unavailable(cause) => ApiError::NotReady {
-                problem: "unavailable",
-                detail: format!(
+        .await;
+    // The reason's type is for everyone (a load balancer needs no more);
+    // its detail names hosts, roles, tables and settings, so it is for a
+    // caller with a login, and in the service's log (said when it changes).
+    let insider = match auth::bearer_token(req.headers()) {
+        Ok(_) => auth::authenticate(&req, &state).await.is_ok(),
+        Err(_) => false,
+    };
+    let readiness = readiness.map_err(|e| {
+        let (problem, detail) = match e {
+            ApiError::NotSetUp(reason) => (problem::not_set_up(&reason), reason.to_string()),
+            ApiError::Internal(cause) | ApiError::Unavailable(cause) => (
+                "unavailable",
+                format!(
                     "the database is unavailable: {}",
                     crate::report::chain(cause.as_ref())
                 ),
+            ),
+            other => return other,
+        };
+        state.tell_not_ready(&detail);
+        ApiError::NotReady {
+            problem,
+            detail: if insider {
+                detail
+            } else {
+                format!(
+                    "not ready ({problem}); the reason is in the service's log, and in this answer to a caller with a login"
+                )
             },
-            other => other,
-        })?;
+        }
+    })?;
+    state.tell_not_ready("");
     if readiness.commits_blocked {
         return Err(ApiError::CommitsBlocked);
     }
@@ -293,7 +332,13 @@ pub async fn readyz(
             .intake
             .signing_key()
             .map(|key| key.key_id().to_owned()),
-        warning: readiness.warning,
+        warning: readiness.warning.map(|warning| {
+            if insider {
+                warning
+            } else {
+                "the database is set up in a way that may weaken a guarantee; the service's log and a caller with a login are told which".to_owned()
+            }
+        }),
     }))
 }
 

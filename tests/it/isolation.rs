@@ -84,10 +84,20 @@ async fn a_default_of_repeatable_read_is_pinned_to_read_committed() {
     );
     app.assert_rows(1, 1);
 
-    let ready = send(&service, actix_web::test::TestRequest::get().uri("/readyz")).await;
+    // Said to a login; a stranger learns only that there is something.
+    let ready = send(
+        &service,
+        actix_web::test::TestRequest::get()
+            .uri("/readyz")
+            .insert_header(("Authorization", format!("Bearer {token}"))),
+    )
+    .await;
     assert_eq!(ready.status, StatusCode::OK, "{:?}", ready.body);
     let warning = ready.body["warning"].as_str().unwrap_or_default();
     assert!(warning.contains("'repeatable read'"), "{:?}", ready.body);
+    let stranger = send(&service, actix_web::test::TestRequest::get().uri("/readyz")).await;
+    let told = stranger.body["warning"].as_str().unwrap_or_default();
+    assert!(!told.is_empty() && !told.contains("repeatable"), "{:?}", stranger.body);
 }
 
 /// Behind a transaction pooler the service cannot pin its isolation: a

@@ -157,6 +157,7 @@ async fn metrics_count_each_outcome(db: TestDb) {
 
 async fn readyz_is_503_with_a_pending_migration_and_200_after_migrate_run(db: TestDb) {
     let app = TestApp::new(db);
+    let operator = app.login("operator", &[plan_intake::intake::Permission::ReceiptsRead]);
     let service = app.service().await;
     assert_eq!(
         send(&service, TestRequest::get().uri("/readyz"))
@@ -166,8 +167,20 @@ async fn readyz_is_503_with_a_pending_migration_and_200_after_migrate_run(db: Te
     );
 
     migrations::revert_last(&mut app.conn()).expect("revert");
-    let pending = send(&service, TestRequest::get().uri("/readyz")).await;
-    // The reason named: which migration, and the command that applies it.
+    // To a stranger the reason's type alone.
+    let stranger = send(&service, TestRequest::get().uri("/readyz")).await;
+    stranger.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "migrations-pending");
+    let told = stranger.body["detail"].as_str().unwrap_or_default();
+    assert!(!told.contains(crate::schema::LAST_MIGRATION), "{told}");
+    let pending = send(
+        &service,
+        TestRequest::get()
+            .uri("/readyz")
+            .insert_header(("Authorization", format!("Bearer {operator}"))),
+    )
+    .await;
+    // The reason named to a login: which migration, and the command that
+    // applies it.
     pending.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "migrations-pending");
     let detail = pending.body["detail"].as_str().unwrap_or_default();
     assert!(

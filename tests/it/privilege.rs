@@ -340,7 +340,8 @@ fn an_upgrade_without_new_grants_is_not_ready_and_says_which() {
     admin
         .batch_execute(&format!("REVOKE SELECT ON TABLE {table} FROM {}", role.0))
         .expect("revoke");
-    let (status, ready) = get(&agent, &service.addr, "-", "/readyz");
+    let operator = crate::support::process::login_via_cli(&db.url, "operator", "receipts:read");
+    let (status, ready) = get(&agent, &service.addr, &operator, "/readyz");
     assert_eq!(status, 503, "{ready}");
     let detail = ready["detail"].as_str().unwrap_or_default();
     assert!(

@@ -25,10 +25,16 @@ fn metric(service: &ServeProcess, name: &str) -> Option<f64> {
 
 /// `/readyz`: the status and the body.
 fn readyz(service: &ServeProcess) -> (u16, serde_json::Value) {
-    let response = match client()
-        .get(&format!("http://{}/readyz", service.addr))
-        .call()
-    {
+    readyz_as(service, None)
+}
+
+/// `/readyz` asked with a login's token (the detail is told to a login).
+fn readyz_as(service: &ServeProcess, token: Option<&str>) -> (u16, serde_json::Value) {
+    let mut request = client().get(&format!("http://{}/readyz", service.addr));
+    if let Some(token) = token {
+        request = request.set("Authorization", &format!("Bearer {token}"));
+    }
+    let response = match request.call() {
         Ok(response) => response,
         Err(ureq::Error::Status(_, response)) => response,
         Err(e) => panic!("GET /readyz: {e}"),
@@ -59,12 +65,13 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 #[track_caller]
 fn wait_for_readyz(
     service: &ServeProcess,
+    token: Option<&str>,
     what: &str,
     mut expected: impl FnMut(u16, &serde_json::Value) -> bool,
 ) {
     let start = Instant::now();
     loop {
-        let (status, body) = readyz(service);
+        let (status, body) = readyz_as(service, token);
         if expected(status, &body) {
             return;
         }
@@ -147,6 +154,7 @@ fn a_log_that_cannot_be_appended_to_makes_the_service_not_ready(db: TestDb) {
     submit(&service, &token, "unlogged", 1);
     wait_for_readyz(
         &service,
+        Some(&token),
         "/readyz saying the log is stuck",
         |status, body| {
             status == 503
@@ -159,6 +167,16 @@ fn a_log_that_cannot_be_appended_to_makes_the_service_not_ready(db: TestDb) {
         },
     );
     assert_eq!(metric(&service, "plan_intake_receipt_log_stuck"), Some(1.0));
+    // A stranger is told the reason's type, never its detail.
+    let (status, told) = readyz(&service);
+    assert_eq!(status, 503, "{told}");
+    assert!(
+        told["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/receipt-log-stuck"))
+            && !told.to_string().contains("extension"),
+        "{told}"
+    );
     wait_for("the lag of the unlogged receipt exported", || {
         metric(&service, "plan_intake_receipt_log_lag_seconds").is_some_and(|lag| lag > 0.0)
     });
@@ -178,6 +196,7 @@ fn a_log_that_cannot_be_appended_to_makes_the_service_not_ready(db: TestDb) {
     );
     wait_for_readyz(
         &service,
+        None,
         "ready again once the log is mended",
         |status, _| status == 200,
     );
@@ -213,8 +232,10 @@ fn a_key_published_as_another_makes_the_service_not_ready(db: TestDb) {
         ),
     );
     let service = ServeProcess::start_with(&db.url, &["--signing-key", arg(&key)]);
+    let token = login_via_cli(&db.url, "operator", "receipts:read");
     wait_for_readyz(
         &service,
+        Some(&token),
         "/readyz saying the key is not published",
         |status, body| {
             status == 503
