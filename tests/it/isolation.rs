@@ -97,7 +97,11 @@ async fn a_default_of_repeatable_read_is_pinned_to_read_committed() {
     assert!(warning.contains("'repeatable read'"), "{:?}", ready.body);
     let stranger = send(&service, actix_web::test::TestRequest::get().uri("/readyz")).await;
     let told = stranger.body["warning"].as_str().unwrap_or_default();
-    assert!(!told.is_empty() && !told.contains("repeatable"), "{:?}", stranger.body);
+    assert!(
+        !told.is_empty() && !told.contains("repeatable"),
+        "{:?}",
+        stranger.body
+    );
 }
 
 /// Behind a transaction pooler the service cannot pin its isolation: a
