@@ -63,7 +63,7 @@ bootstrap:
     maximum_lag_on_failover: 1048576
     # Every commit waits for the synchronous standby. Strict mode (a leader
     # left alone holds every commit rather than run unreplicated) is turned
-    # on only once a synchronous standby streams (`cluster.sh strict`):
+    # on only once a synchronous standby streams (cluster.sh strict):
     # bootstrapped strict, Debian's Patroni 3.0.2 puts '*' in
     # synchronous_standby_names before its post-bootstrap step, whose
     # txid_current() then waits for a standby that cannot connect yet (no
