@@ -41,7 +41,7 @@ pub struct FollowArgs {
     /// Run `sh -c CMD` once per non-empty page, its receipts as JSON lines on CMD's stdin; the cursor advances only when CMD exits 0
     #[arg(long, value_name = "CMD")]
     pub exec: Option<String>,
-    /// Exit 0 at the first empty page (for batch jobs)
+    /// Exit 0 at the first empty page (for batch jobs); give up (exit 1) after 10 failed tries in a row instead of waiting a service out
     #[arg(long)]
     pub drain: bool,
     /// Seconds between two lines saying how far behind the feed's end the follower is (INFO; 0: after every page)

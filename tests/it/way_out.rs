@@ -795,3 +795,65 @@ fn commands_survive_their_output_going_away() {
     assert!(out.status.success());
     assert_eq!(logins(), before + 1);
 }
+
+/// A cursor file in a directory that does not exist: `follow` says so
+/// (74) before it reads or hands on anything, rather than hand a page on
+/// and then fail to save where it stands.
+#[test]
+fn follow_with_its_cursor_in_a_missing_directory_hands_nothing_on() {
+    let (stage, dir, _cursor, base) = stage_with_plans(2);
+    let cursor = dir.path().join("missing").join("orders.cursor");
+    let out = crate::tools::tool(
+        &[
+            "follow",
+            "--cursor-file",
+            cursor.to_str().expect("path"),
+            "--from-start",
+            "--drain",
+        ],
+        &base,
+        &stage.reader,
+    )
+    .output()
+    .expect("follow");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "handed on: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr.contains("missing"), "{stderr}");
+}
+
+/// `follow --drain` (a batch job) against a port nobody listens on ends,
+/// saying it gave up, instead of trying for ever.
+#[test]
+fn follow_drain_against_a_dead_port_gives_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cursor = dir.path().join("orders.cursor");
+    let dead = format!("http://127.0.0.1:{}", crate::support::process::free_port());
+    let started = std::time::Instant::now();
+    let out = crate::tools::tool(
+        &[
+            "follow",
+            "--cursor-file",
+            cursor.to_str().expect("path"),
+            "--from-start",
+            "--drain",
+        ],
+        &dead,
+        "any-token",
+    )
+    .output()
+    .expect("follow");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("gave up after"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(90),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!cursor.exists());
+}

@@ -421,6 +421,7 @@ impl AsyncClient {
                 PageVerdict::Retry { why, retry_after } => (why, retry_after),
             };
             failures += 1;
+            super::follow::drained_out(options, failures, &why)?;
             tokio::time::sleep(retry_wait(&backoff, failures, &why, retry_after)).await;
         }
     }
@@ -446,6 +447,7 @@ where
     E: std::fmt::Display,
 {
     check_options(options)?;
+    super::follow::check_cursor_writable(&options.cursor_file)?;
     if options.exec.is_some() {
         return Err(FollowError::Options(
             "exec runs a command per page in the blocking follower; the async one hands each page to its handler".to_owned(),

@@ -37,7 +37,9 @@ pub struct FollowOptions {
     /// lines on its stdin; `None`: write them to the output.
     pub exec: Option<String>,
     /// Stop at the first empty page instead of waiting for more (that page
-    /// still waits up to `wait`: the command line's `--drain` sets it to 0).
+    /// still waits up to `wait`: the command line's `--drain` sets it to 0),
+    /// and give up after `DRAIN_TRIES` failed tries in a row instead of
+    /// waiting the service out.
     pub drain: bool,
     /// Cap of the first retry's random delay (unreachable service, failing
     /// CMD); doubles per retry up to 5 s.
@@ -233,6 +235,7 @@ pub fn follow(
         published: None,
     };
     check_options(options)?;
+    check_cursor_writable(&options.cursor_file)?;
     let mut done = Followed::default();
     let Some((mut cursor, saved, mut proof)) = run.starting_cursor()? else {
         return Ok(done);
@@ -496,6 +499,44 @@ pub(crate) fn judge_page(exchange: Exchange, options: &FollowOptions) -> PageVer
         }
         _ => FollowError::Unexpected(answer.summary()),
     })
+}
+
+/// With `drain` (a batch job), how many failed tries in a row end the run:
+/// a service that never answers (a typo in the URL, a port nobody listens
+/// on) must not hang the job. Without `drain` the follower waits it out.
+pub(crate) const DRAIN_TRIES: u32 = 10;
+
+/// A `drain` run gives up after [`DRAIN_TRIES`] failures in a row.
+pub(crate) fn drained_out(
+    options: &FollowOptions,
+    failures: u32,
+    why: &str,
+) -> Result<(), FollowError> {
+    if options.drain && failures >= DRAIN_TRIES {
+        return Err(FollowError::Unexpected(format!(
+            "gave up after {failures} tries in a row ({why}): --drain does not wait a service out; without it the follower keeps trying"
+        )));
+    }
+    Ok(())
+}
+
+/// The cursor file can be written where it is to be (its directory exists
+/// and takes a file), checked before anything is read: a page handed on
+/// whose cursor then cannot be saved would come again.
+pub(crate) fn check_cursor_writable(path: &Path) -> Result<(), FollowError> {
+    let failed = |source| FollowError::CursorFile {
+        path: path.to_owned(),
+        source,
+    };
+    let directory = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut probe_name = path.file_name().unwrap_or_default().to_owned();
+    probe_name.push(".probe");
+    let probe = directory.join(probe_name);
+    File::create(&probe).map_err(failed)?;
+    std::fs::remove_file(&probe).map_err(failed)
 }
 
 /// The wait before retrying after the `failures`-th failure, told at WARN.
@@ -831,6 +872,7 @@ impl Run<'_> {
                 PageVerdict::Retry { why, retry_after } => (why, retry_after),
             };
             failures += 1;
+            drained_out(self.options, failures, &why)?;
             let delay = retry_wait(&self.backoff, failures, &why, retry_after);
             if pause_unless_stopped(self.stop, delay) {
                 return Ok(None);
