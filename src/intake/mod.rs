@@ -823,8 +823,9 @@ impl Intake {
     /// `plan_intake_commit_waits_for_standby` follows).
     pub fn readiness(&self, deadline: &Deadline) -> Result<Readiness, ReadError> {
         let signing = self.signing_key().is_some();
-        let mut readiness = read::readiness_of(&self.db.readiness(deadline, signing)?);
-        if let Some(default) = self.db.foreign_isolation_default(deadline)? {
+        let (durability, foreign_isolation) = self.db.readiness(deadline, signing)?;
+        let mut readiness = read::readiness_of(&durability);
+        if let Some(default) = foreign_isolation {
             let said = format!(
                 "the database's or role's default_transaction_isolation is '{default}': this service pins READ COMMITTED on each of its sessions, but other clients of the database run at '{default}'"
             );

@@ -396,12 +396,15 @@ impl Database {
 
     /// Ready to serve: the database answers and no migration is pending.
     /// Reads only, so a role that may not create anything can ask. Also
-    /// says whether an acknowledged commit has reached a standby.
+    /// says whether an acknowledged commit has reached a standby, and (on
+    /// Postgres) the database's or role's default isolation when it is not
+    /// READ COMMITTED, which the service pins on each of its sessions: one
+    /// connection for all of it.
     pub fn readiness(
         &self,
         deadline: &Deadline,
         signing: bool,
-    ) -> Result<Durability, StorageError> {
+    ) -> Result<(Durability, Option<String>), StorageError> {
         let mut conn = self.conn_within(deadline)?;
         let pending = migrations::pending(&mut conn)?;
         if !pending.is_empty() {
@@ -409,29 +412,15 @@ impl Database {
         }
         migrations::require_service_privileges(&mut conn, signing)?;
         Ok(match &mut *conn {
-            DbConn::Sqlite(_) => Durability::LocalFile,
+            DbConn::Sqlite(_) => (Durability::LocalFile, None),
             DbConn::Postgres(pg) => {
                 let durability = replication::commit_durability(pg, false)?;
                 if let Some(barrier) = &self.barrier {
                     barrier.observe(&durability);
                 }
-                durability
-            }
-        })
-    }
-
-    /// Postgres: the isolation level the database or role sets as the
-    /// default, when it is not READ COMMITTED (which the service pins on
-    /// each of its sessions); `None` on SQLite or when it is.
-    pub fn foreign_isolation_default(
-        &self,
-        deadline: &Deadline,
-    ) -> Result<Option<String>, StorageError> {
-        let mut conn = self.conn_within(deadline)?;
-        Ok(match &mut *conn {
-            DbConn::Sqlite(_) => None,
-            DbConn::Postgres(pg) => {
-                Some(pool::default_isolation(pg)?).filter(|default| default != pool::READ_COMMITTED)
+                let isolation = Some(pool::default_isolation(pg)?)
+                    .filter(|default| default != pool::READ_COMMITTED);
+                (durability, isolation)
             }
         })
     }

@@ -314,26 +314,14 @@ async fn key_conflict_on_postgres(db: TestDb) {
     let service = app.service().await;
     // Another transaction holds key-1 (uncommitted): our read misses it, our
     // plan row goes in, and our key row waits on the unique index.
-    let mut holder =
-        crate::support::hold_plan_and_key(&direct_url, "", "rcpt_holder", "holder-run", "key-1");
-    let waiting = format!(
-        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
-    );
-    let commit_the_holder = async {
-        crate::support::wait_until("our key row waits on the holder's", || {
-            crate::support::scalar(&mut app.conn(), &waiting) == 1
-        })
-        .await;
-        use diesel::connection::SimpleConnection;
-        holder.batch_execute("COMMIT").expect("the holder commits");
-    };
-    let (answer, ()) = futures_util::join!(
-        send(
-            &service,
-            post_plan(&token, "key-1", &plan_body("run-1", "x"))
-        ),
-        commit_the_holder
-    );
+    let answer = crate::support::answer_to_a_key_committed_while_waiting(
+        &app,
+        &service,
+        &token,
+        &direct_url,
+        &schema,
+    )
+    .await;
     assert_eq!(
         answer.status,
         StatusCode::UNPROCESSABLE_ENTITY,

@@ -6,7 +6,7 @@
 use actix_web::http::StatusCode;
 use diesel::RunQueryDsl;
 
-use crate::support::{AppOptions, TestApp, TestDb, plan_body, post_plan, send};
+use crate::support::{AppOptions, TestApp, TestDb, send};
 
 /// `default_transaction_isolation` as a DBA's `ALTER DATABASE … SET` would
 /// give it, carried by the connection (the test database is shared).
@@ -56,26 +56,14 @@ async fn a_default_of_repeatable_read_is_pinned_to_read_committed() {
 
     let token = app.login("planner-a", &[plan_intake::intake::Permission::PlansSubmit]);
     let service = app.service().await;
-    let mut holder =
-        crate::support::hold_plan_and_key(&direct_url, "", "rcpt_holder", "holder-run", "key-1");
-    let waiting = format!(
-        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
-    );
-    let commit_the_holder = async {
-        crate::support::wait_until("the write waits on the holder's key", || {
-            crate::support::scalar(&mut app.conn(), &waiting) == 1
-        })
-        .await;
-        use diesel::connection::SimpleConnection;
-        holder.batch_execute("COMMIT").expect("the holder commits");
-    };
-    let (answer, ()) = futures_util::join!(
-        send(
-            &service,
-            post_plan(&token, "key-1", &plan_body("run-1", "x"))
-        ),
-        commit_the_holder
-    );
+    let answer = crate::support::answer_to_a_key_committed_while_waiting(
+        &app,
+        &service,
+        &token,
+        &direct_url,
+        &schema,
+    )
+    .await;
     assert_eq!(
         answer.status,
         StatusCode::UNPROCESSABLE_ENTITY,

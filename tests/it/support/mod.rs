@@ -517,6 +517,39 @@ pub fn hand_written_plan_sql(
     )
 }
 
+/// A plan under planner-a's `key-1` (run `run-1`) sent through `service`
+/// while another transaction holds that key (uncommitted, `holder-run`):
+/// our read misses it, our plan row goes in, our key row waits on the
+/// unique index, and the holder commits once `pg_stat_activity` shows the
+/// wait (the app's sessions are named `schema`). The answer.
+pub async fn answer_to_a_key_committed_while_waiting<S>(
+    app: &TestApp,
+    service: &S,
+    token: &str,
+    direct_url: &str,
+    schema: &str,
+) -> Answer
+where
+    S: Service<actix_http::Request, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>,
+{
+    let mut holder = hold_plan_and_key(direct_url, "", "rcpt_holder", "holder-run", "key-1");
+    let waiting = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
+    );
+    let commit_the_holder = async {
+        wait_until("our key row waits on the holder's", || {
+            scalar(&mut app.conn(), &waiting) == 1
+        })
+        .await;
+        holder.batch_execute("COMMIT").expect("the holder commits");
+    };
+    let (answer, ()) = futures_util::join!(
+        send(service, post_plan(token, "key-1", &plan_body("run-1", "x"))),
+        commit_the_holder
+    );
+    answer
+}
+
 /// Opens a direct Postgres session (running `settings` first) that begins a
 /// transaction and writes, without committing, a plan under `receipt_id` for
 /// `run_id` and its key row for planner-a's `key`: the session holds that
