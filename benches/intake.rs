@@ -6,6 +6,10 @@
 //! `--verified-follow` runs only the followers' scenario: new plans at N
 //! clients on a signing service, read by `plan-intake follow` and by
 //! `plan-intake follow --verify` side by side.
+//! `--public-flood` runs only the stranger's budget: N planner clients on
+//! a signing service alone, then beside a flood with no token on every
+//! public route (entry and hash tiles, checkpoints, extension waits,
+//! `/readyz`), and the planners' rate and p99 of the two side by side.
 //!
 //! For each backend: a fresh database, the real service (this build's
 //! binary) on a random port, N keep-alive HTTP/1.1 clients through three
@@ -50,6 +54,9 @@ struct Options {
     quick: bool,
     /// Only the verifying and the plain follower, side by side.
     verified_follow: bool,
+    /// Only the planners alone and beside a flood of requests with no
+    /// token on every public route.
+    public_flood: bool,
 }
 
 fn options() -> Options {
@@ -61,6 +68,7 @@ fn options() -> Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         quick: false,
         verified_follow: false,
+        public_flood: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -85,6 +93,7 @@ fn options() -> Options {
             }
             "--quick" => options.quick = true,
             "--verified-follow" => options.verified_follow = true,
+            "--public-flood" => options.public_flood = true,
             _ => {} // cargo passes `--bench`
         }
         i += 1;
@@ -578,6 +587,12 @@ fn main() {
                 backend,
                 &followers_side_by_side(backend, &options, pool_size),
             );
+        }
+        return;
+    }
+    if options.public_flood {
+        for backend in options.backends.clone() {
+            public_flood(backend, &options);
         }
         return;
     }
@@ -1645,6 +1660,200 @@ fn beside_strangers(
         (among, answers)
     });
     (alone, among, answers)
+}
+
+/// Connections the public flood comes over, paced together at
+/// `FLOOD_PER_SECOND` so that the load is the same whatever the service
+/// does (and the load generator leaves the service its cores).
+const FLOOD_CONNECTIONS: usize = 200;
+const FLOOD_PER_SECOND: u64 = 2_000;
+/// Of those, how many wait on `/v1/checkpoint/extension` for a size the
+/// log has not reached.
+const FLOOD_WAITERS: usize = 500;
+
+/// The stranger's budget (issue 50): planners on `options.concurrency`
+/// clients of a signing service alone, then beside `FLOOD_CONNECTIONS`
+/// connections with no token cycling through the public routes and
+/// `FLOOD_WAITERS` waiting readers, then alone again; prints their rate
+/// and p99 beside each other and against the budget (rate >= 0.9x,
+/// p99 <= 1.5x of alone, alone taken as the better of the two runs).
+fn public_flood(backend: &'static str, options: &Options) {
+    let (url, cleanup) = fresh_database(backend, options);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generated_key(dir.path());
+    let token = {
+        let db = Database::open(&url, &PoolOptions::default(), MigrateOnOpen::Apply)
+            .expect("open the database");
+        add_login(&db, "bench", Permission::PlansSubmit)
+    };
+    let pool_size = if backend == "postgres" {
+        options.concurrency as u32
+    } else {
+        8
+    };
+    let service = Service::start_with(
+        &url,
+        pool_size,
+        &["--signing-key", key.to_str().expect("utf-8 path")],
+    );
+    let tokens = [token];
+    let clients = options.concurrency;
+    // Some receipts first, so that full tiles exist to be asked for.
+    let (warm, _, _) = new_plans_from(&service, &tokens, clients, "warm", &body, options.duration);
+    let logged = checkpoint_size_of(&service.addr, warm.latencies.len() as u64);
+    let (before, _, _) = new_plans_from(
+        &service,
+        &tokens,
+        clients,
+        "before",
+        &body,
+        options.duration,
+    );
+    let stop = AtomicBool::new(false);
+    let (among, answers) = thread::scope(|scope| {
+        let stop = &stop;
+        let addr = service.addr.as_str();
+        let floods: Vec<_> = (0..FLOOD_CONNECTIONS)
+            .map(|c| {
+                scope.spawn(move || {
+                    let agent = http_client(0);
+                    let full_tiles = (logged / 256).max(1);
+                    let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
+                    let mut i = c as u64;
+                    let every =
+                        Duration::from_secs_f64(FLOOD_CONNECTIONS as f64 / FLOOD_PER_SECOND as f64);
+                    let mut next = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        let tile = tile_path(i % full_tiles);
+                        let (route, path) = match i % 5 {
+                            0 => ("entry tile", format!("/v1/log/tile/entries/{tile}")),
+                            1 => ("hash tile", format!("/v1/log/tile/0/{tile}")),
+                            2 => ("checkpoint", "/v1/checkpoint".to_owned()),
+                            3 => (
+                                "extension",
+                                format!("/v1/checkpoint/extension?size={}", logged.max(1)),
+                            ),
+                            _ => ("readyz", "/readyz".to_owned()),
+                        };
+                        let status = get_status(&agent, addr, &path);
+                        *answers.entry((route, status)).or_insert(0) += 1;
+                        i += 1;
+                        next += every;
+                        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                            thread::sleep(wait);
+                        }
+                    }
+                    answers
+                })
+            })
+            .collect();
+        let waiters: Vec<_> = (0..FLOOD_WAITERS)
+            .map(|_| {
+                scope.spawn(move || {
+                    let agent = http_client(0);
+                    let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let path = "/v1/checkpoint/extension?size=1000000000&wait=10";
+                        let begun = Instant::now();
+                        let status = get_status(&agent, addr, path);
+                        // One past the waiters' bounds is answered at once:
+                        // it asks again a second later, as a poller would.
+                        if let Some(wait) = Duration::from_secs(1).checked_sub(begun.elapsed()) {
+                            thread::sleep(wait);
+                        }
+                        *answers.entry(("extension wait", status)).or_insert(0) += 1;
+                    }
+                    answers
+                })
+            })
+            .collect();
+        let (among, _, _) =
+            new_plans_from(&service, &tokens, clients, "among", &body, options.duration);
+        stop.store(true, Ordering::Relaxed);
+        let mut answers = std::collections::BTreeMap::new();
+        for sender in floods.into_iter().chain(waiters) {
+            for (route, n) in sender.join().expect("a stranger") {
+                *answers.entry(route).or_insert(0u64) += n;
+            }
+        }
+        (among, answers)
+    });
+    let (after, _, _) =
+        new_plans_from(&service, &tokens, clients, "after", &body, options.duration);
+    let p99 = |run: &Run| ms(run.percentile(0.99)).unwrap_or(f64::NAN);
+    let alone_rate = before.rate().max(after.rate());
+    let alone_p99 = p99(&before).min(p99(&after));
+    let rate_ratio = among.rate() / alone_rate;
+    let p99_ratio = p99(&among) / alone_p99;
+    for (name, run) in [
+        ("alone", &before),
+        ("among strangers", &among),
+        ("alone again", &after),
+    ] {
+        println!(
+            "{backend}: public flood: {clients} planner clients {name}: {:.0} new plans/s, p99 {:.2} ms, {} errors",
+            run.rate(),
+            p99(run),
+            run.errors
+        );
+    }
+    println!(
+        "{backend}: public flood: {FLOOD_PER_SECOND} requests a second with no token over {FLOOD_CONNECTIONS} connections and {FLOOD_WAITERS} extension waiters, answered {answers:?}"
+    );
+    let met = rate_ratio >= 0.9 && p99_ratio <= 1.5;
+    println!(
+        "{backend}: public flood: planners' rate {rate_ratio:.2}x and p99 {p99_ratio:.2}x of alone (budget: rate >= 0.90x, p99 <= 1.50x): {}",
+        if met { "met" } else { "MISSED" }
+    );
+    drop(service);
+    cleanup();
+}
+
+/// A tile index in the log's path form (`x001/234`).
+fn tile_path(index: u64) -> String {
+    let digits = format!("{index}");
+    let padded = format!("{:0>width$}", digits, width = digits.len().div_ceil(3) * 3);
+    let groups: Vec<&str> = padded
+        .as_bytes()
+        .chunks(3)
+        .map(|g| std::str::from_utf8(g).expect("digits"))
+        .collect();
+    let (last, rest) = groups.split_last().expect("one group");
+    rest.iter().map(|g| format!("x{g}/")).collect::<String>() + last
+}
+
+/// The status of one GET without a token; 0 when no answer came.
+fn get_status(agent: &ureq::Agent, addr: &str, path: &str) -> u16 {
+    match agent.get(&format!("http://{addr}{path}")).call() {
+        Ok(response) => {
+            let status = response.status();
+            let _ = response.into_string();
+            status
+        }
+        Err(ureq::Error::Status(status, response)) => {
+            let _ = response.into_string();
+            status
+        }
+        Err(_) => 0,
+    }
+}
+
+/// Waits until the service's newest checkpoint holds `at_least` leaves
+/// (the appender signs every few seconds), and gives its size.
+fn checkpoint_size_of(addr: &str, at_least: u64) -> u64 {
+    let agent = http_client(0);
+    let path = format!("/v1/checkpoint/extension?size={}&wait=30", at_least.max(1));
+    let _ = get_status(&agent, addr, &path);
+    let note = agent
+        .get(&format!("http://{addr}/v1/checkpoint"))
+        .call()
+        .expect("the checkpoint")
+        .into_string()
+        .expect("its text");
+    note.lines()
+        .nth(1)
+        .and_then(|line| line.parse().ok())
+        .expect("a checkpoint's size")
 }
 
 fn http_client(_: usize) -> ureq::Agent {

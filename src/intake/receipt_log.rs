@@ -219,6 +219,21 @@ pub fn entry_bundle(leaves: &[Vec<u8>]) -> Result<Vec<u8>, String> {
     Ok(bundle)
 }
 
+/// An HTTP problem (`{"type": …, "title": …}`) saved where a proof was
+/// meant to be (`curl … > receipt.tlog-proof` of a 404): its type's last
+/// part and its status, for the error that says so.
+fn problem_saved_as_proof(text: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    let kind = value.get("type")?.as_str()?;
+    let name = kind.rsplit('/').next().unwrap_or(kind);
+    Some(
+        match value.get("status").and_then(serde_json::Value::as_u64) {
+            Some(status) => format!("{status} {name}"),
+            None => name.to_owned(),
+        },
+    )
+}
+
 /// A `tlog-proof` read back: the leaf index, its inclusion proof and the
 /// checkpoint's signed note.
 pub struct ParsedProof {
@@ -313,7 +328,12 @@ pub fn verify_offline(
     let included = match proof {
         None => None,
         Some(text) => {
-            let proof = parse_proof(text).map_err(|e| format!("the proof is malformed: {e}"))?;
+            let proof = parse_proof(text).map_err(|e| match problem_saved_as_proof(text) {
+                Some(problem) => format!(
+                    "the proof file holds the service's answer {problem}, not a proof: fetch it again (a receipt's proof is 404 not-logged-yet for the few seconds before the log holds it)"
+                ),
+                None => format!("the proof is malformed: {e}"),
+            })?;
             let checkpoint = verify_checkpoint(&proof.checkpoint, keys)
                 .map_err(|e| format!("the proof's checkpoint: {e}"))?;
             if proof.index >= checkpoint.size {

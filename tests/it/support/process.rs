@@ -132,6 +132,12 @@ impl ServeProcess {
         Self::spawn(command, database_url, extra_args, &[])
     }
 
+    /// `command` (a wrapper such as `setpriv … BIN serve …`) as the
+    /// service, its first listening line read as `start` reads it.
+    pub fn start_command(command: Command, database_url: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn(command, database_url, &[], env)
+    }
+
     fn spawn(
         mut command: Command,
         database_url: &str,

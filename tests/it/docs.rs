@@ -1,0 +1,256 @@
+//! The docs as a newcomer follows them: README.md's shell blocks run in
+//! order in one shell, and the client README's examples run against a
+//! live service. A command that fails as printed fails here.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::support::process::{BIN, ServeProcess, free_port, login_via_cli};
+
+/// The README's `sh` blocks that the suite does not run, each for its
+/// reason: `cargo test` is the suite itself, and `cargo bench` is minutes
+/// of release-built load. Any other block runs.
+const NOT_RUN: &[(&str, &str)] = &[
+    ("cargo test", "the suite itself"),
+    ("cargo bench", "the benchmark: minutes of load, run by hand"),
+];
+
+/// Fenced blocks of `lang` in `markdown`, in order, each with the line it
+/// starts on.
+fn blocks(markdown: &str, lang: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (number, line) in markdown.lines().enumerate() {
+        match &mut open {
+            None if line.trim_end() == format!("```{lang}") => {
+                open = Some((number + 1, String::new()));
+            }
+            Some(_) if line.starts_with("```") => found.extend(open.take()),
+            Some((_, text)) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            None => {}
+        }
+    }
+    found
+}
+
+/// One README block as the test shell runs it: the binary is this build's
+/// (`cargo run --release [-q] --` is the same program, built by cargo
+/// test), the service's address a free port, and what a reader leaves
+/// running in another terminal (`serve`, a `follow` without `--drain`)
+/// runs in the background, the service waited for until it answers.
+fn as_run(block: &str, port: u16) -> String {
+    let mut script = String::new();
+    let mut logical = String::new();
+    for line in block.lines() {
+        let line = line
+            .replace("cargo run --release -q --", "plan-intake")
+            .replace("cargo run --release --", "plan-intake")
+            .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
+            .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+        logical.push_str(&line);
+        if line.ends_with('\\') {
+            logical.push('\n');
+            continue;
+        }
+        let whole = std::mem::take(&mut logical);
+        let command = whole.split(" #").next().unwrap_or("").trim_end();
+        if command.starts_with("plan-intake serve") {
+            script.push_str(&format!(
+                "stop_service\n{command} >>service.log 2>&1 &\nSERVICE_PID=$!\nready\n"
+            ));
+        } else if command.contains("plan-intake follow") && !command.contains("--drain") {
+            script.push_str(&format!(
+                "{command} >>follower.log 2>&1 &\nFOLLOWER_PID=$!\n"
+            ));
+        } else {
+            script.push_str(&whole);
+            script.push('\n');
+        }
+    }
+    script
+}
+
+#[test]
+fn the_readme_runs_as_printed() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin dir");
+    std::os::unix::fs::symlink(BIN, bin.join("plan-intake")).expect("link the binary");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("work dir");
+    let port = free_port();
+
+    let mut script = format!(
+        "set -euo pipefail
+ready() {{
+  for _ in $(seq 1 200); do
+    curl -s -o /dev/null http://127.0.0.1:{port}/readyz && return 0
+    kill -0 $SERVICE_PID 2>/dev/null || {{ cat service.log >&2; return 1; }}
+    sleep 0.05
+  done
+  echo 'the service never answered' >&2; return 1
+}}
+stop_service() {{
+  if [ -n \"${{SERVICE_PID:-}}\" ]; then kill -TERM $SERVICE_PID; wait $SERVICE_PID || true; fi
+}}
+trap 'kill ${{FOLLOWER_PID:-}} 2>/dev/null || true; stop_service' EXIT
+"
+    );
+    let mut ran = Vec::new();
+    for (line, block) in blocks(&readme, "sh") {
+        if let Some((_, why)) = NOT_RUN.iter().find(|(marker, _)| block.contains(marker)) {
+            eprintln!("README.md:{line}: not run ({why})");
+            continue;
+        }
+        script.push_str(&format!("echo '@@ README.md:{line}'\n"));
+        script.push_str(&as_run(&block, port));
+        ran.push(line);
+    }
+    // The follower the README leaves running hands on what comes after
+    // it started: the signed plan, sent by the evidence block.
+    script.push_str(
+        "for _ in $(seq 1 300); do
+  grep -q run-2026-12-01-signed orders.jsonl 2>/dev/null && break
+  sleep 0.1
+done
+echo '@@ orders.jsonl'; cat orders.jsonl
+",
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(&work)
+        .env("PATH", {
+            let path = std::env::var("PATH").unwrap_or_default();
+            format!("{}:{path}", bin.display())
+        })
+        .env("PLAN_INTAKE_BIND", format!("127.0.0.1:{port}"))
+        .env("PLAN_INTAKE_LOG", "warn")
+        .env_remove("DATABASE_URL")
+        .env_remove("PLAN_INTAKE_URL")
+        .env_remove("PLAN_INTAKE_TOKEN")
+        .output()
+        .expect("run bash");
+    let said = format!(
+        "{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the README's commands: {said}");
+    assert_eq!(ran.len(), 5, "the README's runnable blocks: {ran:?}");
+    let part = |from: &str| -> String {
+        let start = said
+            .find(from)
+            .unwrap_or_else(|| panic!("{from} in {said}"));
+        let rest = &said[start + from.len()..];
+        rest[..rest.find("@@").unwrap_or(rest.len())].to_owned()
+    };
+    let quickstart = part(&format!("@@ README.md:{}", ran[0]));
+    assert!(quickstart.contains("HTTP/1.1 201 Created"), "{said}");
+    assert!(
+        quickstart.matches("\"receipt_id\":\"rcpt_").count() == 2,
+        "the POST's receipt and the one read back: {said}"
+    );
+    let submit = part(&format!("@@ README.md:{}", ran[1]));
+    assert!(
+        submit.contains("\"outcome\":\"created\"") && submit.contains("\"outcome\":\"replayed\""),
+        "{said}"
+    );
+    let drained = part(&format!("@@ README.md:{}", ran[2]));
+    assert!(
+        drained.contains("run-2026-11-30-a") && drained.contains("run-2026-12-01-a"),
+        "the follower drains both receipts: {said}"
+    );
+    let evidence = part(&format!("@@ README.md:{}", ran[3]));
+    assert!(
+        evidence.contains("holds; leaf 2 of"),
+        "the signed receipt, the log's third leaf, verified with its proof: {said}"
+    );
+    let verified = part(&format!("@@ README.md:{}", ran[4]));
+    assert!(
+        verified.contains("run-2026-11-30-a") && verified.contains("run-2026-12-01-signed"),
+        "the verifying follower hands on every receipt: {said}"
+    );
+    assert!(
+        part("@@ orders.jsonl").contains("run-2026-12-01-signed"),
+        "the follower left running hands on the signed plan: {said}"
+    );
+}
+
+/// The client README's examples (its crate doc, so doctests) run against
+/// a signing service: a planner, a follower and the async pair, with the
+/// verifying follower's pinned keys read from the service's `.pub` file.
+#[test]
+fn the_client_readme_examples_run_against_a_live_service() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("intake.db").display());
+    let key = crate::evidence::generate_key(dir.path(), "receipts.key");
+    let planner = login_via_cli(&url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&url, "orders", "receipts:read");
+    let service = ServeProcess::start_with(&url, &["--signing-key", crate::evidence::arg(&key)]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let cursor = dir.path().join("orders.cursor");
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "--quiet",
+            "--locked",
+            "--doc",
+            "-p",
+            "plan-intake-client",
+            "--features",
+            "async,verify",
+            "--",
+            // The blocking follower's cursor, then the async one resuming
+            // from it: one after the other.
+            "--test-threads",
+            "1",
+        ])
+        .current_dir(root)
+        // A cargo of its own, beside the one running this test.
+        .env("CARGO_TARGET_DIR", root.join("target/dependent-check"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env("PLAN_INTAKE_URL", format!("http://{}", service.addr))
+        .env("PLAN_INTAKE_TOKEN", &planner)
+        .env("PLAN_INTAKE_READER_TOKEN", &reader)
+        .env("PLAN_INTAKE_KEYS", format!("{}.pub", key.display()))
+        .env("ORDERS_CURSOR", &cursor)
+        .output()
+        .expect("run cargo");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the client README's examples: {said}");
+    assert!(
+        said.contains("test result: ok.") && !said.contains(" 0 passed"),
+        "{said}"
+    );
+    // What they did, seen from the service: both plans kept, once each,
+    // and the followers' cursor saved after them.
+    let agent = crate::support::process::client();
+    for run in ["run-2026-12-01-a", "run-2026-12-01-b"] {
+        let (status, page) =
+            crate::support::process::get(&agent, &service.addr, &reader, "/v1/receipts?limit=100");
+        assert_eq!(status, 200, "{page}");
+        let runs: Vec<_> = page["receipts"]
+            .as_array()
+            .expect("receipts")
+            .iter()
+            .filter(|r| r["run_id"] == run)
+            .collect();
+        assert_eq!(runs.len(), 1, "{run} kept once: {page}");
+    }
+    assert!(
+        std::fs::read_to_string(&cursor).is_ok_and(|c| !c.trim().is_empty()),
+        "the follower saved its cursor"
+    );
+}
