@@ -188,6 +188,42 @@ pub fn audit(
     }
 }
 
+/// `receipts rehash`: the log's stored hashes recomputed from its leaves
+/// and written back, only where they make the tree of its newest signed
+/// checkpoint (the stuck-log runbook's mend for a hash row changed by
+/// hand). Without `yes` nothing is written: exit 2, saying what would be.
+pub fn rehash(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
+    let options = PoolOptions {
+        max_size: 1,
+        feed_listener: false,
+        ..PoolOptions::default()
+    };
+    let db = Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
+        .map_err(|e| fail(1, crate::report::chain(&e)))?;
+    let mut conn = db.conn().map_err(|e| fail(1, crate::report::chain(&e)))?;
+    use crate::storage::receipt_log::RewriteError;
+    let rewritten =
+        crate::storage::receipt_log::rewrite_hashes(&mut conn, |leaves, newest, stored| {
+            let mended = receipt_log::recomputed_hashes(leaves, newest, stored)?;
+            match mended {
+                Some((_, said)) if !yes => Err(format!(
+                    "{}; nothing was written: stop every instance, then run it again with --yes",
+                    said.replacen("rewrote", "would rewrite", 1)
+                )),
+                other => Ok(other),
+            }
+        });
+    match rewritten {
+        Ok(Some(said)) => Ok(said),
+        Ok(None) => {
+            Ok("the receipt log's stored hashes are its leaves': nothing to rewrite".to_owned())
+        }
+        Err(RewriteError::Refused(why)) if why.contains("would rewrite") => Err(fail(2, why)),
+        Err(RewriteError::Refused(why)) => Err(fail(EXIT_UNVERIFIED, why)),
+        Err(RewriteError::Database(e)) => Err(fail(1, crate::report::chain(&e))),
+    }
+}
+
 /// `receipts new-log`: what the receipt log holds, and (with `yes`) the
 /// log emptied for a new one, its old newest checkpoint returned for the
 /// operator to keep. Without `yes`, nothing is changed: exit 2, saying

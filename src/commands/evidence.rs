@@ -36,6 +36,14 @@ pub enum ReceiptsAction {
         #[arg(long, value_name = "PROOF")]
         proof: Option<PathBuf>,
     },
+    /// Recompute the receipt log's stored hashes from its leaves and write them back, as the database's owner with every instance stopped: only where the leaves make the tree of the newest signed checkpoint (a hash row changed by hand leaves the log stuck; a changed leaf is refused, exit 65)
+    Rehash {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        /// Write them (without it, nothing changes: what would be written is said, exit 2)
+        #[arg(long)]
+        yes: bool,
+    },
     /// Start a new receipt log, as the database's owner with every instance stopped: the log's leaves, hashes and checkpoints are removed (its newest checkpoint is printed, to keep), and the next `serve` with a new key and --log-origin logs every plan again from the first. After a restore that is to stand, instead of signing a second tree under the old name
     NewLog {
         #[command(flatten)]
@@ -68,6 +76,9 @@ pub fn receipts(action: ReceiptsAction) -> Result<(), CommandError> {
     match action {
         ReceiptsAction::Verify { file, keys, proof } => {
             say!("{}", evidence::verify(&file, &keys, proof.as_deref())?);
+        }
+        ReceiptsAction::Rehash { db, yes } => {
+            say!("{}", evidence::rehash(&db.database_url, yes)?);
         }
         ReceiptsAction::NewLog { db, yes } => {
             say!("{}", evidence::new_log(&db.database_url, yes)?);

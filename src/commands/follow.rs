@@ -10,7 +10,7 @@ use plan_intake_wire::feed;
 use super::{CommandError, ServiceArgs, connect, stop_on_signals, tell};
 
 pub const EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
-Exit status: 0 stopped or drained; 65 a cursor the service refuses, or keys that cannot be trusted; 77 not allowed (401, 403); \
+Exit status: 0 stopped or drained; 65 a cursor the service refuses, or keys that cannot be trusted; 66 the --keys file cannot be read; 77 not allowed (401, 403); \
 76 (--verify) a page not proven to be the signed log's next leaves: nothing of it handed on or saved; \
 74 the cursor file or the output cannot be written; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
 

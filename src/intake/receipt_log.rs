@@ -638,6 +638,57 @@ pub fn audit(
 }
 
 /// A tree held in memory, for the audit: every stored hash, by index.
+/// The stored hashes the leaves make (`receipts rehash`), when they are
+/// not what is stored: only if the leaves' tree has the newest signed
+/// checkpoint's root at its size, so that what is written is the tree the
+/// log already signed. `Ok(None)`: the stored hashes are the leaves'.
+pub fn recomputed_hashes(
+    leaves: &[Vec<u8>],
+    newest: Option<&log_tables::CheckpointRow>,
+    stored: &[(i64, Vec<u8>)],
+) -> Result<Option<(Vec<(i64, Vec<u8>)>, String)>, String> {
+    let mut hashes = Vec::with_capacity(leaves.len());
+    for (index, leaf) in leaves.iter().enumerate() {
+        let hash = <[u8; 32]>::try_from(leaf.as_slice())
+            .map(Hash)
+            .map_err(|_| {
+                format!("leaf {index}'s hash is not 32 bytes: restore the log's tables")
+            })?;
+        hashes.push(hash);
+    }
+    let tree = MemoryTree::of(&hashes);
+    if let Some(checkpoint) = newest {
+        let size = u64::try_from(checkpoint.tree_size).unwrap_or(u64::MAX);
+        let root = tree.root(size);
+        if root.is_none() || root != checkpoint.root() {
+            return Err(format!(
+                "the log's {} leaves do not make the tree of its newest checkpoint ({size} leaves): a leaf changed or is gone, which recomputing cannot mend; `plan-intake audit` names it (restore the log's tables, or `receipts new-log`)",
+                tree.size()
+            ));
+        }
+    }
+    let recomputed: Vec<(i64, Vec<u8>)> = tree
+        .hashes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i64::try_from(i).unwrap_or(i64::MAX), h.0.to_vec()))
+        .collect();
+    let Some(first) =
+        (0..recomputed.len().max(stored.len())).find(|&i| recomputed.get(i) != stored.get(i))
+    else {
+        return Ok(None);
+    };
+    let against = newest.map_or("no checkpoint yet".to_owned(), |c| {
+        format!("the newest checkpoint's root at {} leaves", c.tree_size)
+    });
+    let said = format!(
+        "rewrote the receipt log's {} stored hashes from its {} leaves (they differed from stored hash {first} on); the tree has {against}",
+        recomputed.len(),
+        tree.size()
+    );
+    Ok(Some((recomputed, said)))
+}
+
 struct MemoryTree {
     size: u64,
     hashes: Vec<Hash>,

@@ -444,6 +444,63 @@ pub fn start_new_log(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
     })
 }
 
+/// The stored hashes rewritten (as the database's owner, every instance
+/// stopped), in one transaction that first takes the state row from any
+/// appender: `mend` is given the leaves' hashes in order, the newest
+/// checkpoint and the stored hashes, and answers the hashes to store in
+/// their place (`Ok(None)`: nothing to change) or why it will not.
+pub fn rewrite_hashes<T>(
+    conn: &mut DbConn,
+    mend: impl FnOnce(
+        &[Vec<u8>],
+        Option<&CheckpointRow>,
+        &[(i64, Vec<u8>)],
+    ) -> Result<Option<(Vec<(i64, Vec<u8>)>, T)>, String>,
+) -> Result<Option<T>, RewriteError> {
+    super::in_transaction(conn, |conn| {
+        if take_state(conn)?.is_none() {
+            return Err(RewriteError::Refused(
+                "an appender holds the receipt log: stop every instance first".to_owned(),
+            ));
+        }
+        let leaves: Vec<Vec<u8>> = leaves(conn)?.into_iter().map(|l| l.leaf_hash).collect();
+        let newest = latest_checkpoint(conn)?;
+        let stored = with_conn!(conn, c => receipt_log_hashes::table
+            .order(receipt_log_hashes::hash_index.asc())
+            .select((receipt_log_hashes::hash_index, receipt_log_hashes::hash))
+            .load(c))?;
+        let Some((hashes, said)) =
+            mend(&leaves, newest.as_ref(), &stored).map_err(RewriteError::Refused)?
+        else {
+            return Ok(None);
+        };
+        with_conn!(conn, c => diesel::delete(receipt_log_hashes::table).execute(c))?;
+        for chunk in hashes.chunks(500) {
+            let rows: Vec<_> = chunk
+                .iter()
+                .map(|(index, hash)| {
+                    (
+                        receipt_log_hashes::hash_index.eq(*index),
+                        receipt_log_hashes::hash.eq(hash.as_slice()),
+                    )
+                })
+                .collect();
+            with_conn!(conn, c => diesel::insert_into(receipt_log_hashes::table)
+                .values(&rows)
+                .execute(c))?;
+        }
+        Ok(Some(said))
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+}
+
 /// When the oldest receipt settled in the feed but not yet in the log was
 /// received (`None`: the log holds every settled receipt).
 pub fn oldest_unlogged(conn: &mut DbConn) -> QueryResult<Option<NaiveDateTime>> {

@@ -24,6 +24,7 @@ on_both_backends_sync!(
     a_log_signed_later_is_verified_from_its_start_and_never_taken_unsigned,
     the_checkpoint_is_kept_by_default_where_operators_keep_state,
     a_restore_that_stands_starts_a_new_log,
+    a_stored_hash_changed_by_hand_is_recomputed_from_the_leaves,
 );
 
 /// The second line of a checkpoint note: its root.
@@ -702,4 +703,86 @@ fn waiting_for_a_checkpoint_is_bounded_per_address() {
         assert_eq!(status, 404);
         assert!(took >= std::time::Duration::from_secs(7), "{took:?}");
     }
+}
+
+/// The stuck-log runbook's mend: a stored hash changed by hand (the log
+/// stuck, proofs wrong) is recomputed from the leaves by `receipts rehash
+/// --yes`, only because the leaves still make the newest checkpoint's
+/// tree; the service then appends and signs on. A changed leaf is
+/// refused (65) and nothing is written.
+fn a_stored_hash_changed_by_hand_is_recomputed_from_the_leaves(db: TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let keys = PathBuf::from(format!("{}.pub", key.display()));
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let service = serve_signed(&db.url, &[&key]);
+    submit(&service.addr, &planner, "before", 5);
+    let signed = checkpoint_of_at_least(&service.addr, 5);
+    drop(service);
+    let hashes = |db: &TestDb| {
+        let database = db.open_with(plan_intake::storage::MigrateOnOpen::Skip);
+        let mut conn = database.conn().expect("connection");
+        crate::support::scalar(&mut conn, "SELECT count(*) AS n FROM receipt_log_hashes")
+    };
+    let stored = hashes(&db);
+    crate::evidence::tamper(
+        &db,
+        "UPDATE receipt_log_hashes SET hash = receipt_log_hashes.hash || receipt_log_hashes.hash WHERE hash_index = 2",
+    );
+    let (code, said) = crate::evidence::audit(&db.url, &keys, &[]);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("stored hashes differ"), "{said}");
+
+    let rehash = |yes: bool| {
+        let mut args = vec!["receipts", "rehash"];
+        if yes {
+            args.push("--yes");
+        }
+        let out = crate::support::process::run_cli_at(&db.url, &args);
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, said) = rehash(false);
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("would rewrite"), "{said}");
+    assert_eq!(
+        crate::evidence::audit(&db.url, &keys, &[]).0,
+        65,
+        "nothing written yet"
+    );
+    let (code, said) = rehash(true);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("rewrote the receipt log's"), "{said}");
+    assert_eq!(hashes(&db), stored);
+    let (code, said) = crate::evidence::audit(&db.url, &keys, &[]);
+    assert_eq!(code, 0, "{said}");
+    let (code, said) = rehash(true);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("nothing to rewrite"), "{said}");
+
+    // The log goes on from the tree it signed.
+    let service = serve_signed(&db.url, &[&key]);
+    submit(&service.addr, &planner, "after", 2);
+    let newer = checkpoint_of_at_least(&service.addr, 7);
+    assert!(checkpoint_size(&newer) > checkpoint_size(&signed));
+    drop(service);
+
+    // A leaf changed: recomputing cannot mend it, and writes nothing.
+    crate::evidence::tamper(
+        &db,
+        "UPDATE receipt_log SET leaf_hash = (SELECT leaf_hash FROM receipt_log WHERE leaf_index = 0) WHERE leaf_index = 1",
+    );
+    let (code, said) = rehash(true);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.contains("do not make the tree of its newest checkpoint"),
+        "{said}"
+    );
+    assert_eq!(crate::evidence::audit(&db.url, &keys, &[]).0, 65);
 }

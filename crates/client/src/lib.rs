@@ -225,6 +225,14 @@ impl Answer {
         for error in errors {
             text.push_str(&format!("; {}: {}", error.field, error.message));
         }
+        if self.status == 404 && text_of("type").ends_with("/not-found") {
+            // The routes the client asks for always exist at the root: a
+            // path in the URL (`…/v1`, a proxy's prefix that is not
+            // routed) is the likely cause.
+            text.push_str(
+                " (not a route of the service: is the URL its root, such as http://127.0.0.1:8080, with no path of its own?)",
+            );
+        }
         text
     }
 }
