@@ -638,6 +638,9 @@ pub fn audit(
 }
 
 /// A tree held in memory, for the audit: every stored hash, by index.
+/// Stored hashes as rows: (index, hash).
+pub type StoredHashRows = Vec<(i64, Vec<u8>)>;
+
 /// The stored hashes the leaves make (`receipts rehash`), when they are
 /// not what is stored: only if the leaves' tree has the newest signed
 /// checkpoint's root at its size, so that what is written is the tree the
@@ -646,7 +649,7 @@ pub fn recomputed_hashes(
     leaves: &[Vec<u8>],
     newest: Option<&log_tables::CheckpointRow>,
     stored: &[(i64, Vec<u8>)],
-) -> Result<Option<(Vec<(i64, Vec<u8>)>, String)>, String> {
+) -> Result<Option<(StoredHashRows, String)>, String> {
     let mut hashes = Vec::with_capacity(leaves.len());
     for (index, leaf) in leaves.iter().enumerate() {
         let hash = <[u8; 32]>::try_from(leaf.as_slice())

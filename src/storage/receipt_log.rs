@@ -451,11 +451,7 @@ pub fn start_new_log(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
 /// their place (`Ok(None)`: nothing to change) or why it will not.
 pub fn rewrite_hashes<T>(
     conn: &mut DbConn,
-    mend: impl FnOnce(
-        &[Vec<u8>],
-        Option<&CheckpointRow>,
-        &[(i64, Vec<u8>)],
-    ) -> Result<Option<(Vec<(i64, Vec<u8>)>, T)>, String>,
+    mend: impl FnOnce(&[Vec<u8>], Option<&CheckpointRow>, &[HashRow]) -> MendAnswer<T>,
 ) -> Result<Option<T>, RewriteError> {
     super::in_transaction(conn, |conn| {
         if take_state(conn)?.is_none() {
@@ -492,6 +488,12 @@ pub fn rewrite_hashes<T>(
         Ok(Some(said))
     })
 }
+
+/// A stored hash as a row: (index, hash).
+pub type HashRow = (i64, Vec<u8>);
+/// What a mend of the stored hashes answers: the rows to store and what
+/// to say, nothing to change, or why it will not.
+pub type MendAnswer<T> = Result<Option<(Vec<HashRow>, T)>, String>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
