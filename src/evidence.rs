@@ -188,6 +188,9 @@ pub fn audit(
     }
 }
 
+/// sysexits' EX_TEMPFAIL: try again once every instance is stopped.
+const EXIT_TEMPFAIL: u8 = 75;
+
 /// `receipts rehash`: the log's stored hashes recomputed from its leaves
 /// and written back, only where they make the tree of its newest signed
 /// checkpoint (the stuck-log runbook's mend for a hash row changed by
@@ -202,24 +205,28 @@ pub fn rehash(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
         .map_err(|e| fail(1, crate::report::chain(&e)))?;
     let mut conn = db.conn().map_err(|e| fail(1, crate::report::chain(&e)))?;
     use crate::storage::receipt_log::RewriteError;
-    let rewritten =
-        crate::storage::receipt_log::rewrite_hashes(&mut conn, |leaves, newest, stored| {
-            let mended = receipt_log::recomputed_hashes(leaves, newest, stored)?;
-            match mended {
-                Some((_, said)) if !yes => Err(format!(
-                    "{}; nothing was written: stop every instance, then run it again with --yes",
-                    said.replacen("rewrote", "would rewrite", 1)
-                )),
-                other => Ok(other),
-            }
-        });
+    let rewritten = crate::storage::receipt_log::rewrite_hashes(
+        &mut conn,
+        |state_size, leaves, newest, stored| match receipt_log::recomputed_hashes(
+            state_size, leaves, newest, stored,
+        )
+        .map_err(RewriteError::Refused)?
+        {
+            Some((_, said)) if !yes => Err(RewriteError::WouldWrite(format!(
+                "would rewrite {said}; nothing was written: stop every instance, then run it again with --yes"
+            ))),
+            Some((hashes, said)) => Ok(Some((hashes, format!("rewrote {said}")))),
+            None => Ok(None),
+        },
+    );
     match rewritten {
         Ok(Some(said)) => Ok(said),
         Ok(None) => {
             Ok("the receipt log's stored hashes are its leaves': nothing to rewrite".to_owned())
         }
-        Err(RewriteError::Refused(why)) if why.contains("would rewrite") => Err(fail(2, why)),
+        Err(RewriteError::WouldWrite(said)) => Err(fail(2, said)),
         Err(RewriteError::Refused(why)) => Err(fail(EXIT_UNVERIFIED, why)),
+        Err(RewriteError::Busy) => Err(fail(EXIT_TEMPFAIL, RewriteError::Busy.to_string())),
         Err(RewriteError::Database(e)) => Err(fail(1, crate::report::chain(&e))),
     }
 }

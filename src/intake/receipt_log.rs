@@ -637,40 +637,30 @@ pub fn audit(
     Ok(report)
 }
 
-/// A tree held in memory, for the audit: every stored hash, by index.
 /// Stored hashes as rows: (index, hash).
-pub type StoredHashRows = Vec<(i64, Vec<u8>)>;
+pub type StoredHashRows = Vec<log_tables::HashRow>;
 
 /// The stored hashes the leaves make (`receipts rehash`), when they are
-/// not what is stored: only if the leaves' tree has the newest signed
-/// checkpoint's root at its size, so that what is written is the tree the
-/// log already signed. `Ok(None)`: the stored hashes are the leaves'.
+/// not what is stored: only if the leaves are exactly the newest
+/// checkpoint's (as many as it and the state row say, its signed note's
+/// root at that size), so that what is written is the tree the log
+/// already signed. `Ok(None)`: the stored hashes are the leaves'.
 pub fn recomputed_hashes(
+    state_size: u64,
     leaves: &[Vec<u8>],
     newest: Option<&log_tables::CheckpointRow>,
     stored: &[(i64, Vec<u8>)],
 ) -> Result<Option<(StoredHashRows, String)>, String> {
+    let cannot = "recomputing cannot mend it; `plan-intake audit` names what changed (restore the log's tables, or `receipts new-log`)";
     let mut hashes = Vec::with_capacity(leaves.len());
     for (index, leaf) in leaves.iter().enumerate() {
         let hash = <[u8; 32]>::try_from(leaf.as_slice())
             .map(Hash)
-            .map_err(|_| {
-                format!("leaf {index}'s hash is not 32 bytes: restore the log's tables")
-            })?;
+            .map_err(|_| format!("leaf {index}'s hash is not 32 bytes; {cannot}"))?;
         hashes.push(hash);
     }
     let tree = MemoryTree::of(&hashes);
-    if let Some(checkpoint) = newest {
-        let size = u64::try_from(checkpoint.tree_size).unwrap_or(u64::MAX);
-        let root = tree.root(size);
-        if root.is_none() || root != checkpoint.root() {
-            return Err(format!(
-                "the log's {} leaves do not make the tree of its newest checkpoint ({size} leaves): a leaf changed or is gone, which recomputing cannot mend; `plan-intake audit` names it (restore the log's tables, or `receipts new-log`)",
-                tree.size()
-            ));
-        }
-    }
-    let recomputed: Vec<(i64, Vec<u8>)> = tree
+    let recomputed: StoredHashRows = tree
         .hashes
         .iter()
         .enumerate()
@@ -681,17 +671,54 @@ pub fn recomputed_hashes(
     else {
         return Ok(None);
     };
-    let against = newest.map_or("no checkpoint yet".to_owned(), |c| {
-        format!("the newest checkpoint's root at {} leaves", c.tree_size)
-    });
+    // Something to write: only the tree the log signed.
+    let Some(checkpoint) = newest else {
+        return Err(format!(
+            "the log holds {} leaves but no checkpoint: no signed tree to hold them to; {cannot}",
+            leaves.len()
+        ));
+    };
+    let signed_size = u64::try_from(checkpoint.tree_size).unwrap_or(u64::MAX);
+    if leaves.len() as u64 != signed_size || state_size != signed_size {
+        return Err(format!(
+            "the log holds {} leaves and its state says {state_size}, but its newest checkpoint has {signed_size}: every round signs what it appends, so leaves were added or removed by hand; {cannot}",
+            leaves.len()
+        ));
+    }
+    // The note is what was signed: its size and root, not the row's
+    // columns beside it, are what the leaves must make.
+    let noted = note_size_and_root(&checkpoint.note);
+    if noted != Some((signed_size, checkpoint.root().unwrap_or_default())) {
+        return Err(format!(
+            "the newest checkpoint's row does not match its signed note; {cannot}"
+        ));
+    }
+    if tree.root(signed_size) != noted.map(|(_, root)| root) {
+        return Err(format!(
+            "the log's {} leaves do not make the tree of its newest checkpoint ({signed_size} leaves): a leaf changed; {cannot}",
+            tree.size()
+        ));
+    }
     let said = format!(
-        "rewrote the receipt log's {} stored hashes from its {} leaves (they differed from stored hash {first} on); the tree has {against}",
+        "the receipt log's {} stored hashes from its {} leaves (they differ from stored hash {first} on); the tree has the newest checkpoint's root",
         recomputed.len(),
         tree.size()
     );
     Ok(Some((recomputed, said)))
 }
 
+/// A checkpoint note's size and root (its second and third lines).
+fn note_size_and_root(note: &str) -> Option<(u64, Hash)> {
+    use base64::Engine as _;
+    let mut lines = note.lines().skip(1);
+    let size = lines.next()?.parse().ok()?;
+    let root = base64::engine::general_purpose::STANDARD
+        .decode(lines.next()?)
+        .ok()?;
+    Some((size, Hash(<[u8; 32]>::try_from(root.as_slice()).ok()?)))
+}
+
+/// A tree held in memory, for the audit: every stored hash, by index.
 struct MemoryTree {
     size: u64,
     hashes: Vec<Hash>,

@@ -451,23 +451,28 @@ pub fn start_new_log(conn: &mut DbConn) -> QueryResult<Option<CheckpointRow>> {
 /// their place (`Ok(None)`: nothing to change) or why it will not.
 pub fn rewrite_hashes<T>(
     conn: &mut DbConn,
-    mend: impl FnOnce(&[Vec<u8>], Option<&CheckpointRow>, &[HashRow]) -> MendAnswer<T>,
+    mend: impl FnOnce(u64, &[Vec<u8>], Option<&CheckpointRow>, &[HashRow]) -> MendAnswer<T>,
 ) -> Result<Option<T>, RewriteError> {
     super::in_transaction(conn, |conn| {
-        if take_state(conn)?.is_none() {
-            return Err(RewriteError::Refused(
-                "an appender holds the receipt log: stop every instance first".to_owned(),
-            ));
+        let Some(state) = take_state(conn)? else {
+            return Err(RewriteError::Busy);
+        };
+        if let DbConn::Postgres(pg) = conn {
+            // A large log is read and hashed inside this transaction: the
+            // appender's one-minute idle limit is not for it.
+            diesel::sql_query(
+                "SELECT set_config('idle_in_transaction_session_timeout', '0', true)",
+            )
+            .execute(pg)?;
         }
+        let state_size = u64::try_from(state.tree_size).unwrap_or(u64::MAX);
         let leaves: Vec<Vec<u8>> = leaves(conn)?.into_iter().map(|l| l.leaf_hash).collect();
         let newest = latest_checkpoint(conn)?;
         let stored = with_conn!(conn, c => receipt_log_hashes::table
             .order(receipt_log_hashes::hash_index.asc())
             .select((receipt_log_hashes::hash_index, receipt_log_hashes::hash))
             .load(c))?;
-        let Some((hashes, said)) =
-            mend(&leaves, newest.as_ref(), &stored).map_err(RewriteError::Refused)?
-        else {
+        let Some((hashes, said)) = mend(state_size, &leaves, newest.as_ref(), &stored)? else {
             return Ok(None);
         };
         with_conn!(conn, c => diesel::delete(receipt_log_hashes::table).execute(c))?;
@@ -493,12 +498,19 @@ pub fn rewrite_hashes<T>(
 pub type HashRow = (i64, Vec<u8>);
 /// What a mend of the stored hashes answers: the rows to store and what
 /// to say, nothing to change, or why it will not.
-pub type MendAnswer<T> = Result<Option<(Vec<HashRow>, T)>, String>;
+pub type MendAnswer<T> = Result<Option<(Vec<HashRow>, T)>, RewriteError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
+    /// The log is not what a rewrite of its hashes can mend.
     #[error("{0}")]
     Refused(String),
+    /// Something to write, not asked to write it (nothing was written).
+    #[error("{0}")]
+    WouldWrite(String),
+    /// An appender holds the log's state row right now.
+    #[error("an appender holds the receipt log: stop every instance first")]
+    Busy,
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }

@@ -207,8 +207,8 @@ fn the_client_readme_examples_run_against_a_live_service() {
             "--features",
             "async,verify",
             "--",
-            // The blocking follower's cursor, then the async one resuming
-            // from it: one after the other.
+            // The followers share one cursor file: one after the other
+            // (whichever runs second resumes from the first's cursor).
             "--test-threads",
             "1",
         ])

@@ -776,13 +776,27 @@ fn a_stored_hash_changed_by_hand_is_recomputed_from_the_leaves(db: TestDb) {
     // A leaf changed: recomputing cannot mend it, and writes nothing.
     crate::evidence::tamper(
         &db,
-        "UPDATE receipt_log SET leaf_hash = (SELECT leaf_hash FROM receipt_log WHERE leaf_index = 0) WHERE leaf_index = 1",
+        "CREATE TABLE leaf_saved AS SELECT leaf_hash FROM receipt_log WHERE leaf_index = 1;
+         UPDATE receipt_log SET leaf_hash = (SELECT leaf_hash FROM receipt_log WHERE leaf_index = 0) WHERE leaf_index = 1",
     );
     let (code, said) = rehash(true);
     assert_eq!(code, 65, "{said}");
-    assert!(
-        said.contains("do not make the tree of its newest checkpoint"),
-        "{said}"
-    );
+    assert!(said.contains("a leaf changed"), "{said}");
     assert_eq!(crate::evidence::audit(&db.url, &keys, &[]).0, 65);
+    crate::evidence::tamper(
+        &db,
+        "UPDATE receipt_log SET leaf_hash = (SELECT leaf_hash FROM leaf_saved) WHERE leaf_index = 1",
+    );
+    assert_eq!(crate::evidence::audit(&db.url, &keys, &[]).0, 0);
+
+    // Leaves past the newest checkpoint (its row removed by hand): no
+    // signed tree holds them, so nothing is written.
+    crate::evidence::tamper(
+        &db,
+        "DELETE FROM receipt_log_checkpoints WHERE tree_size = (SELECT max(tree_size) FROM receipt_log_checkpoints);
+         UPDATE receipt_log_hashes SET hash = receipt_log_hashes.hash || receipt_log_hashes.hash WHERE hash_index = 2",
+    );
+    let (code, said) = rehash(true);
+    assert_eq!(code, 65, "{said}");
+    assert!(said.contains("added or removed by hand"), "{said}");
 }

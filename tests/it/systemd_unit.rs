@@ -101,8 +101,10 @@ fn the_unit_runs_as_an_unprivileged_user_with_its_key_as_a_credential() {
     let mut args: Vec<String> = exec_start
         .split_whitespace()
         .map(|word| {
-            word.replace("/usr/local/bin/plan-intake", BIN)
-                .replace("%d", &credentials.display().to_string())
+            word.replace("/usr/local/bin/plan-intake", BIN).replace(
+                "${CREDENTIALS_DIRECTORY}",
+                &credentials.display().to_string(),
+            )
         })
         .collect();
     assert_eq!(args[0], BIN, "{exec_start}");
