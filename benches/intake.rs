@@ -9,7 +9,9 @@
 //! `--public-flood` runs only the stranger's budget: N planner clients on
 //! a signing service alone, then beside a flood with no token on every
 //! public route (entry and hash tiles, checkpoints, extension waits,
-//! `/readyz`), and the planners' rate and p99 of the two side by side.
+//! `/readyz`), and the planners' rate and p99 of the two side by side;
+//! `--flood-routes checkpoint,readyz` (also `signing-keys`) and
+//! `--flood-waiters N` choose what the flood asks.
 //!
 //! For each backend: a fresh database, the real service (this build's
 //! binary) on a random port, N keep-alive HTTP/1.1 clients through three
@@ -57,6 +59,10 @@ struct Options {
     /// Only the planners alone and beside a flood of requests with no
     /// token on every public route.
     public_flood: bool,
+    /// The public routes the flood asks, in turn.
+    flood_routes: Vec<String>,
+    /// Extension waiters beside the flood.
+    flood_waiters: usize,
 }
 
 fn options() -> Options {
@@ -69,6 +75,16 @@ fn options() -> Options {
         quick: false,
         verified_follow: false,
         public_flood: false,
+        flood_routes: [
+            "entry-tile",
+            "hash-tile",
+            "checkpoint",
+            "extension",
+            "readyz",
+        ]
+        .map(String::from)
+        .to_vec(),
+        flood_waiters: FLOOD_WAITERS,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -94,6 +110,14 @@ fn options() -> Options {
             "--quick" => options.quick = true,
             "--verified-follow" => options.verified_follow = true,
             "--public-flood" => options.public_flood = true,
+            "--flood-routes" => {
+                options.flood_routes = value.split(',').map(String::from).collect();
+                i += 1;
+            }
+            "--flood-waiters" => {
+                options.flood_waiters = value.parse().expect("--flood-waiters N");
+                i += 1;
+            }
             _ => {} // cargo passes `--bench`
         }
         i += 1;
@@ -1710,6 +1734,8 @@ fn public_flood(backend: &'static str, options: &Options) {
         options.duration,
     );
     let stop = AtomicBool::new(false);
+    let routes: Vec<&str> = options.flood_routes.iter().map(String::as_str).collect();
+    let routes = routes.as_slice();
     let (among, answers) = thread::scope(|scope| {
         let stop = &stop;
         let addr = service.addr.as_str();
@@ -1725,7 +1751,8 @@ fn public_flood(backend: &'static str, options: &Options) {
                     let mut next = Instant::now();
                     while !stop.load(Ordering::Relaxed) {
                         let tile = tile_path(i % full_tiles);
-                        let (route, path) = match i % 5 {
+                        let pick = routes[(i % routes.len() as u64) as usize];
+                        let (route, path) = match pick {
                             0 => ("entry tile", format!("/v1/log/tile/entries/{tile}")),
                             1 => ("hash tile", format!("/v1/log/tile/0/{tile}")),
                             2 => ("checkpoint", "/v1/checkpoint".to_owned()),
@@ -1747,7 +1774,7 @@ fn public_flood(backend: &'static str, options: &Options) {
                 })
             })
             .collect();
-        let waiters: Vec<_> = (0..FLOOD_WAITERS)
+        let waiters: Vec<_> = (0..options.flood_waiters)
             .map(|_| {
                 scope.spawn(move || {
                     let agent = http_client(0);
@@ -1798,7 +1825,9 @@ fn public_flood(backend: &'static str, options: &Options) {
         );
     }
     println!(
-        "{backend}: public flood: {FLOOD_PER_SECOND} requests a second with no token over {FLOOD_CONNECTIONS} connections and {FLOOD_WAITERS} extension waiters, answered {answers:?}"
+        "{backend}: public flood: {FLOOD_PER_SECOND} requests a second with no token over {FLOOD_CONNECTIONS} connections ({}) and {} extension waiters, answered {answers:?}",
+        options.flood_routes.join(", "),
+        options.flood_waiters
     );
     let met = rate_ratio >= 0.9 && p99_ratio <= 1.5;
     println!(

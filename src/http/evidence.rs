@@ -37,11 +37,22 @@ pub async fn signing_keys(
         (status = 404, description = "No checkpoint signed yet (`not-logged-yet`; the service signs none without a key)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline (a checkpoint is handed out only once a failover would keep it)", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn checkpoint(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let deadline = super::deadline::of(&req, &state);
+pub async fn checkpoint(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    // Public and polled: one read shared by every caller for a moment,
+    // read again at once when this instance signs a newer one.
+    let signed = *state.intake.log_rounds().subscribe().borrow();
+    state
+        .checkpoint_answer
+        .answer(signed, async {
+            newest_checkpoint(&req, &state)
+                .await
+                .unwrap_or_else(|e| actix_web::ResponseError::error_response(&e))
+        })
+        .await
+}
+
+async fn newest_checkpoint(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let deadline = super::deadline::of(req, state);
     let note = state
         .blocking(deadline, move |intake| intake.checkpoint(&deadline))
         .await?
@@ -347,12 +358,13 @@ pub async fn start(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
         (status = 404, description = "No checkpoint signed yet (`not-logged-yet`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn log_checkpoint(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let answer = checkpoint(req, state).await?;
-    Ok(with_cache(answer, "no-cache"))
+pub async fn log_checkpoint(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let answer = checkpoint(req, state).await;
+    if answer.status().is_success() {
+        with_cache(answer, "no-cache")
+    } else {
+        answer
+    }
 }
 
 #[utoipa::path(get, path = "/v1/log/tile/{tile}", tag = "evidence",

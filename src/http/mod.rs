@@ -45,6 +45,73 @@ pub struct AppState {
     pub(crate) extension_waiters: std::sync::Arc<evidence::ExtensionWaiters>,
     /// The last reason `/readyz` logged for not being ready.
     not_ready_told: std::sync::Arc<std::sync::Mutex<String>>,
+    /// `/readyz` as told to callers without a login, shared.
+    strangers_readiness: std::sync::Arc<SharedAnswer>,
+    /// `GET /v1/checkpoint`, shared.
+    pub(crate) checkpoint_answer: std::sync::Arc<SharedAnswer>,
+}
+
+/// An answer that costs the database a read, shared by every caller for a
+/// short while, so that a flood of public requests costs it one read per
+/// interval: at most one caller computes it, the others wait for that
+/// answer (or reuse the last one while it is fresh). `key` names what the
+/// answer depends on beyond time (the size this instance last signed):
+/// another key computes it again at once.
+pub(crate) struct SharedAnswer {
+    fresh_for: std::time::Duration,
+    last: tokio::sync::Mutex<Option<KeptAnswer>>,
+}
+
+struct KeptAnswer {
+    at: std::time::Instant,
+    key: u64,
+    status: actix_web::http::StatusCode,
+    headers: actix_web::http::header::HeaderMap,
+    body: actix_web::web::Bytes,
+}
+
+impl SharedAnswer {
+    pub(crate) fn new(fresh_for: std::time::Duration) -> Self {
+        Self {
+            fresh_for,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub(crate) async fn answer<F>(&self, key: u64, make: F) -> HttpResponse
+    where
+        F: std::future::Future<Output = HttpResponse>,
+    {
+        let mut last = self.last.lock().await;
+        let fresh = last
+            .as_ref()
+            .is_some_and(|kept| kept.key == key && kept.at.elapsed() < self.fresh_for);
+        if !fresh {
+            let response = make.await;
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = actix_web::body::to_bytes(response.into_body())
+                .await
+                .unwrap_or_default();
+            *last = Some(KeptAnswer {
+                at: std::time::Instant::now(),
+                key,
+                status,
+                headers,
+                body,
+            });
+        }
+        match last.as_ref() {
+            Some(kept) => {
+                let mut response = HttpResponse::build(kept.status).body(kept.body.clone());
+                for (name, value) in &kept.headers {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+                response
+            }
+            None => HttpResponse::InternalServerError().finish(),
+        }
+    }
 }
 
 impl AppState {
@@ -63,6 +130,15 @@ impl AppState {
                 checkpoint_waiting,
             )),
             not_ready_told: std::sync::Arc::default(),
+            // A load balancer polls every second or so: it sees a change
+            // at most a second late.
+            strangers_readiness: std::sync::Arc::new(SharedAnswer::new(
+                std::time::Duration::from_secs(1),
+            )),
+            // Readers poll; a new checkpoint is signed about once a second.
+            checkpoint_answer: std::sync::Arc::new(SharedAnswer::new(
+                std::time::Duration::from_millis(250),
+            )),
         }
     }
 
@@ -280,14 +356,7 @@ pub struct Ready {
         (status = 503, description = "Not ready, the reason named by the problem's type (to everyone) and told in its detail (to a caller with a valid token; others are pointed to the service's log, where it is said once when it changes): `unavailable` (the database cannot be reached: why), `migrations-pending` (which, and `plan-intake migrate run`), `missing-grants` (which privileges on which tables the service's role lacks, and the `plan-intake migrate grants ROLE` line that gives them), `commits-blocked` (they wait for a synchronous standby and none is attached), `receipt-log-stuck` (the receipt log's appender cannot go on: why), `signing-key-unpublished` (the signing key cannot be recorded at `GET /v1/signing-keys`: why)", body = problem::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ))]
-pub async fn readyz(
-    req: actix_web::HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let deadline = deadline::of(&req, &state);
-    let readiness = state
-        .blocking(deadline, move |intake| intake.readiness(&deadline))
-        .await;
+pub async fn readyz(req: actix_web::HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     // The reason's type is for everyone (a load balancer needs no more);
     // its detail names hosts, roles, tables and settings, so it is for a
     // caller with a login, and in the service's log (said when it changes).
@@ -295,6 +364,30 @@ pub async fn readyz(
         Ok(_) => auth::authenticate(&req, &state).await.is_ok(),
         Err(_) => false,
     };
+    if insider {
+        return answer_of(readiness_answer(&req, &state, true).await);
+    }
+    // Everyone else shares one verdict a second: a flood of strangers
+    // costs the database one round of readiness checks a second.
+    state
+        .strangers_readiness
+        .answer(0, async { answer_of(readiness_answer(&req, &state, false).await) })
+        .await
+}
+
+fn answer_of(answer: Result<HttpResponse, ApiError>) -> HttpResponse {
+    answer.unwrap_or_else(|e| actix_web::ResponseError::error_response(&e))
+}
+
+async fn readiness_answer(
+    req: &actix_web::HttpRequest,
+    state: &AppState,
+    insider: bool,
+) -> Result<HttpResponse, ApiError> {
+    let deadline = deadline::of(req, state);
+    let readiness = state
+        .blocking(deadline, move |intake| intake.readiness(&deadline))
+        .await;
     let readiness = readiness.map_err(|e| {
         let (problem, detail) = match e {
             ApiError::NotSetUp(reason) => (problem::not_set_up(&reason), reason.to_string()),
