@@ -11,7 +11,8 @@
 //! public route (entry and hash tiles, checkpoints, extension waits,
 //! `/readyz`), and the planners' rate and p99 of the two side by side;
 //! `--flood-routes checkpoint,readyz` (also `signing-keys`) and
-//! `--flood-waiters N` choose what the flood asks.
+//! `--flood-waiters N` choose what the flood asks, `--flood-rate N` how
+//! many requests a second (2,000).
 //!
 //! For each backend: a fresh database, the real service (this build's
 //! binary) on a random port, N keep-alive HTTP/1.1 clients through three
@@ -63,6 +64,8 @@ struct Options {
     flood_routes: Vec<String>,
     /// Extension waiters beside the flood.
     flood_waiters: usize,
+    /// Requests a second the flood sends.
+    flood_rate: u64,
 }
 
 fn options() -> Options {
@@ -85,6 +88,7 @@ fn options() -> Options {
         .map(String::from)
         .to_vec(),
         flood_waiters: FLOOD_WAITERS,
+        flood_rate: FLOOD_PER_SECOND,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -112,6 +116,10 @@ fn options() -> Options {
             "--public-flood" => options.public_flood = true,
             "--flood-routes" => {
                 options.flood_routes = value.split(',').map(String::from).collect();
+                i += 1;
+            }
+            "--flood-rate" => {
+                options.flood_rate = value.parse().expect("--flood-rate N");
                 i += 1;
             }
             "--flood-waiters" => {
@@ -1753,13 +1761,14 @@ fn public_flood(backend: &'static str, options: &Options) {
                         let tile = tile_path(i % full_tiles);
                         let pick = routes[(i % routes.len() as u64) as usize];
                         let (route, path) = match pick {
-                            0 => ("entry tile", format!("/v1/log/tile/entries/{tile}")),
-                            1 => ("hash tile", format!("/v1/log/tile/0/{tile}")),
-                            2 => ("checkpoint", "/v1/checkpoint".to_owned()),
-                            3 => (
+                            "entry-tile" => ("entry tile", format!("/v1/log/tile/entries/{tile}")),
+                            "hash-tile" => ("hash tile", format!("/v1/log/tile/0/{tile}")),
+                            "checkpoint" => ("checkpoint", "/v1/checkpoint".to_owned()),
+                            "extension" => (
                                 "extension",
                                 format!("/v1/checkpoint/extension?size={}", logged.max(1)),
                             ),
+                            "signing-keys" => ("signing keys", "/v1/signing-keys".to_owned()),
                             _ => ("readyz", "/readyz".to_owned()),
                         };
                         let status = get_status(&agent, addr, &path);
@@ -1825,7 +1834,8 @@ fn public_flood(backend: &'static str, options: &Options) {
         );
     }
     println!(
-        "{backend}: public flood: {FLOOD_PER_SECOND} requests a second with no token over {FLOOD_CONNECTIONS} connections ({}) and {} extension waiters, answered {answers:?}",
+        "{backend}: public flood: {} requests a second with no token over {FLOOD_CONNECTIONS} connections ({}) and {} extension waiters, answered {answers:?}",
+        options.flood_rate,
         options.flood_routes.join(", "),
         options.flood_waiters
     );

@@ -29,6 +29,7 @@ pub struct Metrics {
     barrier_waiting: IntGauge,
     strangers: IntCounterVec,
     stranger_lookups: IntCounter,
+    public_reads_refused: IntCounter,
     receipt_log_leaves: IntGauge,
     receipt_log_rounds_failed: IntCounter,
     receipt_log_stuck: IntGauge,
@@ -287,6 +288,10 @@ impl Metrics {
                 "plan_intake_stranger_lookups_total",
                 "Database lookups of tokens no login has shown lately (bounded per second)",
             ),
+            public_reads_refused: define.counter(
+                "plan_intake_public_reads_refused_total",
+                "Public evidence requests (consistency, extension, tiles, signing keys) from callers that are not familiar logins answered 503 busy because that second's database reads for them were spent",
+            ),
             registry,
         }
     }
@@ -294,6 +299,11 @@ impl Metrics {
     /// A stranger refused: `answer` is one of [`STRANGER_ANSWERS`].
     pub fn stranger(&self, answer: &str) {
         self.strangers.with_label_values(&[answer]).inc();
+    }
+
+    /// A public evidence request refused: its second's reads were spent.
+    pub fn public_read_refused(&self) {
+        self.public_reads_refused.inc();
     }
 
     /// One database lookup of a token no login has shown lately.

@@ -16,12 +16,13 @@ const TEXT: &str = "text/plain; charset=utf-8";
 #[utoipa::path(get, path = "/v1/signing-keys", tag = "evidence",
     responses(
         (status = 200, description = "Every key that has signed receipts or checkpoints, as C2SP signed-note verifier keys, with when each was in use", body = PublishedKeys),
-        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or (`busy`, with `Retry-After`) a caller that is not a familiar login found this second's public reads spent", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn signing_keys(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    admit_public_read(&req, &state)?;
     let deadline = super::deadline::of(&req, &state);
     let keys = state
         .blocking(deadline, move |intake| intake.published_keys(&deadline))
@@ -76,7 +77,7 @@ pub struct ConsistencyQuery {
     responses(
         (status = 200, description = "The RFC 6962 consistency proof from the tree of `old` leaves to the tree of `new`: one base64 hash a line", body = String, content_type = "text/plain"),
         (status = 400, description = "`old` or `new` missing, not a number, `old` of 0 or above `new`, or `new` past the newest checkpoint", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database could not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or (`busy`, with `Retry-After`) a caller that is not a familiar login found this second's public reads spent", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn consistency(
     req: HttpRequest,
@@ -85,6 +86,7 @@ pub async fn consistency(
     let query = web::Query::<ConsistencyQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
         .into_inner();
+    admit_public_read(&req, &state)?;
     let deadline = super::deadline::of(&req, &state);
     let (old, new) = (query.old, query.new);
     let proof = state
@@ -120,7 +122,7 @@ pub struct ExtensionQuery {
         (status = 400, description = "`size` missing or not a number, a wait outside 0-60, or an unknown parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No checkpoint holds `size` leaves yet, after `wait` (`not-logged-yet`, with `Retry-After`); a service that signs nothing answers at once", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The newest checkpoint holds fewer leaves than `since` (`log-rolled-back`): a checkpoint signed before held more, so the log was rolled back (a restore, or a failover that lost commits); no wait mends it", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline, or (`busy`, with `Retry-After`) a caller that is not a familiar login found this second's public reads spent", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn extension(
     req: HttpRequest,
@@ -131,6 +133,7 @@ pub async fn extension(
         .into_inner();
     let wait =
         crate::intake::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
+    admit_public_read(&req, &state)?;
     let deadline = super::deadline::of(&req, &state);
     let peer = req.peer_addr().map(|address| address.ip());
     let extension = extension_or_wait(&state, peer, query.size, query.since, wait, deadline)
@@ -376,7 +379,7 @@ pub async fn log_checkpoint(req: HttpRequest, state: web::Data<AppState>) -> Htt
         (status = 401, description = "An entry bundle asked without a valid token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "An entry bundle asked by a login without `receipts:read`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such tile in the layout, or not spelled as C2SP spells it (`not-found`), or no signed checkpoint holds it yet (`not-logged-yet`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint, or (`busy`, with `Retry-After`) a caller that is not a familiar login found this second's public reads spent", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn log_tile(
     req: HttpRequest,
@@ -439,6 +442,7 @@ pub async fn log_tile(
             return Ok(answer(data));
         }
     }
+    admit_public_read(&req, &state)?;
     let deadline = super::deadline::of(&req, &state);
     let data = state
         .blocking(deadline, move |intake| intake.log_tile(tile, &deadline))
@@ -451,6 +455,67 @@ pub async fn log_tile(
         state.full_tiles.keep(tile.path(), data.clone());
     }
     Ok(answer(data))
+}
+
+/// Reads of the database the public evidence routes may make a second for
+/// callers that are not familiar logins (monitors, witnesses, strangers):
+/// the evidence is public, so its cost is bounded as the door bounds
+/// strangers' token lookups. Past it, 503 `busy` with `Retry-After`,
+/// before any connection is taken. Answers from memory (shared
+/// checkpoints, kept full tiles) cost none.
+pub struct PublicReads {
+    state: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl PublicReads {
+    pub const PER_SECOND: f64 = 200.0;
+
+    pub fn new() -> Self {
+        Self {
+            state: std::sync::Mutex::new((Self::PER_SECOND, std::time::Instant::now())),
+        }
+    }
+
+    fn try_take(&self) -> bool {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (left, refilled) = &mut *state;
+        let now = std::time::Instant::now();
+        *left = (*left + now.duration_since(*refilled).as_secs_f64() * Self::PER_SECOND)
+            .min(Self::PER_SECOND);
+        *refilled = now;
+        if *left >= 1.0 {
+            *left -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Default for PublicReads {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A database read for a public evidence answer: free for a familiar
+/// login's token (a reader or planner the service knows), else taken from
+/// [`PublicReads`].
+fn admit_public_read(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    if let Ok(token) = super::auth::bearer_token(req.headers())
+        && state.intake.familiar(token)
+    {
+        return Ok(());
+    }
+    if state.public_reads.try_take() {
+        Ok(())
+    } else {
+        state.intake.metrics.public_read_refused();
+        Err(ApiError::PublicReadsSpent)
+    }
 }
 
 /// Full tiles, kept in memory once read: a full tile never changes, and an

@@ -49,6 +49,8 @@ pub struct AppState {
     strangers_readiness: std::sync::Arc<SharedAnswer>,
     /// `GET /v1/checkpoint`, shared.
     pub(crate) checkpoint_answer: std::sync::Arc<SharedAnswer>,
+    /// The public evidence routes' reads a second for unfamiliar callers.
+    pub(crate) public_reads: std::sync::Arc<evidence::PublicReads>,
 }
 
 /// An answer that costs the database a read, shared by every caller for a
@@ -56,9 +58,14 @@ pub struct AppState {
 /// interval: at most one caller computes it, the others wait for that
 /// answer (or reuse the last one while it is fresh). `key` names what the
 /// answer depends on beyond time (the size this instance last signed):
-/// another key computes it again at once.
+/// another key computes it again at once. While no more than
+/// `quiet_per_second` callers come in a second (a few load balancers),
+/// each is answered afresh: sharing begins with a crowd.
 pub(crate) struct SharedAnswer {
     fresh_for: std::time::Duration,
+    quiet_per_second: u32,
+    /// Callers in the current second: its start, and how many.
+    callers: std::sync::Mutex<(std::time::Instant, u32)>,
     last: tokio::sync::Mutex<Option<KeptAnswer>>,
 }
 
@@ -71,21 +78,40 @@ struct KeptAnswer {
 }
 
 impl SharedAnswer {
-    pub(crate) fn new(fresh_for: std::time::Duration) -> Self {
+    pub(crate) fn new(fresh_for: std::time::Duration, quiet_per_second: u32) -> Self {
         Self {
             fresh_for,
+            quiet_per_second,
+            callers: std::sync::Mutex::new((std::time::Instant::now(), 0)),
             last: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Whether more callers than a quiet second holds came this second.
+    fn crowded(&self) -> bool {
+        let mut callers = self
+            .callers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (since, count) = &mut *callers;
+        if since.elapsed() >= std::time::Duration::from_secs(1) {
+            *since = std::time::Instant::now();
+            *count = 0;
+        }
+        *count = count.saturating_add(1);
+        *count > self.quiet_per_second
     }
 
     pub(crate) async fn answer<F>(&self, key: u64, make: F) -> HttpResponse
     where
         F: std::future::Future<Output = HttpResponse>,
     {
+        let crowded = self.crowded();
         let mut last = self.last.lock().await;
-        let fresh = last
-            .as_ref()
-            .is_some_and(|kept| kept.key == key && kept.at.elapsed() < self.fresh_for);
+        let fresh = crowded
+            && last
+                .as_ref()
+                .is_some_and(|kept| kept.key == key && kept.at.elapsed() < self.fresh_for);
         if !fresh {
             let response = make.await;
             let status = response.status();
@@ -130,15 +156,18 @@ impl AppState {
                 checkpoint_waiting,
             )),
             not_ready_told: std::sync::Arc::default(),
-            // A load balancer polls every second or so: it sees a change
-            // at most a second late.
+            // A few load balancers polling each get a fresh verdict; past
+            // 10 callers a second they share one, at most a second old.
             strangers_readiness: std::sync::Arc::new(SharedAnswer::new(
                 std::time::Duration::from_secs(1),
+                10,
             )),
             // Readers poll; a new checkpoint is signed about once a second.
             checkpoint_answer: std::sync::Arc::new(SharedAnswer::new(
                 std::time::Duration::from_millis(250),
+                10,
             )),
+            public_reads: std::sync::Arc::default(),
         }
     }
 
@@ -371,7 +400,9 @@ pub async fn readyz(req: actix_web::HttpRequest, state: web::Data<AppState>) -> 
     // costs the database one round of readiness checks a second.
     state
         .strangers_readiness
-        .answer(0, async { answer_of(readiness_answer(&req, &state, false).await) })
+        .answer(0, async {
+            answer_of(readiness_answer(&req, &state, false).await)
+        })
         .await
 }
 
@@ -447,4 +478,55 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 
 async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SharedAnswer;
+    use actix_web::HttpResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Callers at once share one computation; a new key computes again;
+    /// while callers are few, each is answered afresh.
+    #[actix_web::test]
+    async fn a_shared_answer_is_made_once_for_every_caller() {
+        let shared = SharedAnswer::new(std::time::Duration::from_secs(60), 0);
+        let made = AtomicUsize::new(0);
+        let make = |n: &'static str| {
+            let made = &made;
+            async move {
+                made.fetch_add(1, Ordering::SeqCst);
+                // Work that yields, so that the other callers arrive
+                // while it is being made.
+                actix_web::rt::task::yield_now().await;
+                HttpResponse::Ok()
+                    .insert_header(("retry-after", "1"))
+                    .body(n)
+            }
+        };
+        let answers =
+            futures_util::future::join_all((0..20).map(|_| shared.answer(7, make("first")))).await;
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        for answer in answers {
+            assert_eq!(
+                answer.headers().get("retry-after").map(|v| v.as_bytes()),
+                Some(&b"1"[..])
+            );
+            let body = actix_web::body::to_bytes(answer.into_body()).await.ok();
+            assert_eq!(body.as_deref(), Some(&b"first"[..]));
+        }
+        let again = shared.answer(8, make("second")).await;
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        let body = actix_web::body::to_bytes(again.into_body()).await.ok();
+        assert_eq!(body.as_deref(), Some(&b"second"[..]));
+
+        let quiet = SharedAnswer::new(std::time::Duration::from_secs(60), 3);
+        let made_before = made.load(Ordering::SeqCst);
+        for _ in 0..5 {
+            let _ = quiet.answer(1, make("quiet")).await;
+        }
+        // Three callers in a quiet second each made it; the two past
+        // them reused the last.
+        assert_eq!(made.load(Ordering::SeqCst) - made_before, 3);
+    }
 }

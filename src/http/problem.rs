@@ -72,6 +72,10 @@ pub enum ApiError {
         "too many sign-ins with unfamiliar tokens right now; retry after the Retry-After delay"
     )]
     StrangersTurnedAway,
+    /// The public evidence routes' reads of this second are spent (for
+    /// callers that are not familiar logins): 503, before any connection.
+    #[error("too many reads of the public evidence right now; retry after the Retry-After delay")]
+    PublicReadsSpent,
     /// The client sent its body too slowly: 408, the connection is closed.
     #[error("the request body did not arrive within {0} ms")]
     SlowClient(u128),
@@ -217,7 +221,7 @@ impl ApiError {
             ApiError::SlowClient(_) | ApiError::SlowHead(_) => kind(S::REQUEST_TIMEOUT, "request-timeout", "Request Timeout", "invalid", false),
             ApiError::HeadTooLarge => kind(S::REQUEST_HEADER_FIELDS_TOO_LARGE, "request-header-fields-too-large", "Request Header Fields Too Large", "invalid", false),
             ApiError::Throttled(_) => kind(S::TOO_MANY_REQUESTS, "throttled", "Too Many Requests", "throttled", true),
-            ApiError::BodiesInFlight | ApiError::StrangersTurnedAway => kind(S::SERVICE_UNAVAILABLE, "busy", UNAVAILABLE, "unavailable", true),
+            ApiError::BodiesInFlight | ApiError::StrangersTurnedAway | ApiError::PublicReadsSpent => kind(S::SERVICE_UNAVAILABLE, "busy", UNAVAILABLE, "unavailable", true),
             ApiError::CommitsBlocked => kind(S::SERVICE_UNAVAILABLE, "commits-blocked", UNAVAILABLE, "unavailable", true),
             ApiError::NotSetUp(e) => kind(S::SERVICE_UNAVAILABLE, not_set_up(e), UNAVAILABLE, "unavailable", true),
             ApiError::NotReady { problem, .. } => kind(S::SERVICE_UNAVAILABLE, problem, UNAVAILABLE, "unavailable", true),

@@ -41,10 +41,14 @@ fn blocks(markdown: &str, lang: &str) -> Vec<(usize, String)> {
 /// test), the service's address a free port, and what a reader leaves
 /// running in another terminal (`serve`, a `follow` without `--drain`)
 /// runs in the background, the service waited for until it answers.
-fn as_run(block: &str, port: u16) -> String {
+fn as_run(block: &str, port: u16, names: &[(&str, String)]) -> String {
     let mut script = String::new();
     let mut logical = String::new();
     for line in block.lines() {
+        let mut line = line.to_owned();
+        for (name, value) in names {
+            line = line.replace(name, value);
+        }
         let line = line
             .replace("cargo run --release -q --", "plan-intake")
             .replace("cargo run --release --", "plan-intake")
@@ -57,7 +61,7 @@ fn as_run(block: &str, port: u16) -> String {
         }
         let whole = std::mem::take(&mut logical);
         let command = whole.split(" #").next().unwrap_or("").trim_end();
-        if command.starts_with("plan-intake serve") {
+        if command.contains("plan-intake serve") {
             script.push_str(&format!(
                 "stop_service\n{command} >>service.log 2>&1 &\nSERVICE_PID=$!\nready\n"
             ));
@@ -73,34 +77,61 @@ fn as_run(block: &str, port: u16) -> String {
     script
 }
 
-#[test]
-fn the_readme_runs_as_printed() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+/// The shell functions every run uses: `ready` waits until the service
+/// answers `/readyz` with 200 (or says why it died), `stop_service` stops
+/// it (as the reader's Ctrl-C in its terminal would), and on exit nothing
+/// is left running.
+fn prelude(port: u16) -> String {
+    format!(
+        "set -euo pipefail
+ready() {{
+  for _ in $(seq 1 200); do
+    curl -sf -o /dev/null http://127.0.0.1:{port}/readyz && return 0
+    kill -0 $SERVICE_PID 2>/dev/null || {{ cat service.log >&2; return 1; }}
+    sleep 0.05
+  done
+  echo 'the service never answered ready' >&2; cat service.log >&2; return 1
+}}
+stop_service() {{
+  if [ -n \"${{SERVICE_PID:-}}\" ]; then kill -TERM $SERVICE_PID; wait $SERVICE_PID || true; SERVICE_PID=; fi
+}}
+trap 'kill ${{FOLLOWER_PID:-}} 2>/dev/null || true; stop_service' EXIT
+"
+    )
+}
+
+/// A scratch directory with `plan-intake` (this build) on its PATH.
+fn workplace() -> (tempfile::TempDir, std::path::PathBuf, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).expect("bin dir");
     std::os::unix::fs::symlink(BIN, bin.join("plan-intake")).expect("link the binary");
     let work = dir.path().join("work");
     std::fs::create_dir(&work).expect("work dir");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    (dir, work, path)
+}
+
+fn said_by(out: &std::process::Output) -> String {
+    format!(
+        "{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn the_readme_runs_as_printed() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let (_dir, work, path) = workplace();
     let port = free_port();
 
-    let mut script = format!(
-        "set -euo pipefail
-ready() {{
-  for _ in $(seq 1 200); do
-    curl -s -o /dev/null http://127.0.0.1:{port}/readyz && return 0
-    kill -0 $SERVICE_PID 2>/dev/null || {{ cat service.log >&2; return 1; }}
-    sleep 0.05
-  done
-  echo 'the service never answered' >&2; return 1
-}}
-stop_service() {{
-  if [ -n \"${{SERVICE_PID:-}}\" ]; then kill -TERM $SERVICE_PID; wait $SERVICE_PID || true; fi
-}}
-trap 'kill ${{FOLLOWER_PID:-}} 2>/dev/null || true; stop_service' EXIT
-"
-    );
+    let mut script = prelude(port);
     let mut ran = Vec::new();
     for (line, block) in blocks(&readme, "sh") {
         if let Some((_, why)) = NOT_RUN.iter().find(|(marker, _)| block.contains(marker)) {
@@ -108,7 +139,7 @@ trap 'kill ${{FOLLOWER_PID:-}} 2>/dev/null || true; stop_service' EXIT
             continue;
         }
         script.push_str(&format!("echo '@@ README.md:{line}'\n"));
-        script.push_str(&as_run(&block, port));
+        script.push_str(&as_run(&block, port, &[]));
         ran.push(line);
     }
     // The follower the README leaves running hands on what comes after
@@ -125,10 +156,7 @@ echo '@@ orders.jsonl'; cat orders.jsonl
         .arg("-c")
         .arg(&script)
         .current_dir(&work)
-        .env("PATH", {
-            let path = std::env::var("PATH").unwrap_or_default();
-            format!("{}:{path}", bin.display())
-        })
+        .env("PATH", &path)
         .env("PLAN_INTAKE_BIND", format!("127.0.0.1:{port}"))
         .env("PLAN_INTAKE_LOG", "warn")
         .env_remove("DATABASE_URL")
@@ -136,11 +164,7 @@ echo '@@ orders.jsonl'; cat orders.jsonl
         .env_remove("PLAN_INTAKE_TOKEN")
         .output()
         .expect("run bash");
-    let said = format!(
-        "{}\n--- stderr\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = said_by(&out);
     assert!(out.status.success(), "the README's commands: {said}");
     assert_eq!(ran.len(), 5, "the README's runnable blocks: {ran:?}");
     let part = |from: &str| -> String {
@@ -253,4 +277,98 @@ fn the_client_readme_examples_run_against_a_live_service() {
         std::fs::read_to_string(&cursor).is_ok_and(|c| !c.trim().is_empty()),
         "the follower saved its cursor"
     );
+}
+
+/// OPERATIONS.md's `sh` blocks that the suite does not run, each for its
+/// reason. Any other block runs.
+const OPERATIONS_NOT_RUN: &[(&str, &str)] = &[("cargo test", "the suite itself, under a CPU hog")];
+
+/// OPERATIONS.md's shell blocks, each in a shell of its own with
+/// `DATABASE_URL` the owner's (as an operator has it), against a scratch
+/// Postgres database behind a real PgBouncer: `db`, `pgbouncer` and the
+/// owner's and admin's URLs name that database; the service role is a
+/// role of the test's own; `/etc/plan-intake/` is a directory of the
+/// scratch place. Each `serve` must answer `/readyz` 200.
+#[test]
+fn operations_runs_as_printed() {
+    let Some(bouncer) = crate::support::pgbouncer::PgBouncer::start() else {
+        return;
+    };
+    let operations =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/OPERATIONS.md"))
+            .expect("OPERATIONS.md");
+    let (_dir, work, path) = workplace();
+    std::fs::create_dir(work.join("etc")).expect("etc");
+    let port = free_port();
+    let direct = bouncer.direct_url();
+    let role = format!(
+        "docs_svc_{}_{:06x}",
+        std::process::id(),
+        rand::random::<u32>() & 0xff_ffff
+    );
+    let (host_port, database) = direct
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .expect("host and database");
+    let as_role = format!("postgres://{role}:docs-password@{host_port}/{database}");
+    // Longest first: a URL is replaced before the names inside it.
+    let names: Vec<(&str, String)> = vec![
+        ("postgres://plan_intake_service:…@db/plans", as_role.clone()),
+        ("postgres://svc@pgbouncer:6432/plans", bouncer.url()),
+        ("postgres://owner@db:5432/plans", direct.clone()),
+        ("postgres://svc@db:5432/plans", direct.clone()),
+        ("postgres://owner@db/plans", direct.clone()),
+        ("postgres://admin@db/plans", direct.clone()),
+        ("plan_intake_service", role.clone()),
+        ("PASSWORD '…'", "PASSWORD 'docs-password'".to_owned()),
+        ("/etc/plan-intake/", "etc/".to_owned()),
+    ];
+    let mut ran = Vec::new();
+    let mut outputs = Vec::new();
+    for (line, block) in blocks(&operations, "sh") {
+        if let Some((_, why)) = OPERATIONS_NOT_RUN
+            .iter()
+            .find(|(marker, _)| block.contains(marker))
+        {
+            eprintln!("OPERATIONS.md:{line}: not run ({why})");
+            continue;
+        }
+        let script = format!("{}{}", prelude(port), as_run(&block, port, &names));
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(&work)
+            .env("PATH", &path)
+            .env("DATABASE_URL", &direct)
+            .env("PLAN_INTAKE_BIND", format!("127.0.0.1:{port}"))
+            .env("PLAN_INTAKE_LOG", "warn")
+            .env_remove("PLAN_INTAKE_URL")
+            .env_remove("PLAN_INTAKE_TOKEN")
+            .output()
+            .expect("run bash");
+        let said = said_by(&out);
+        assert!(
+            out.status.success(),
+            "OPERATIONS.md:{line}, as printed:\n{block}\n{said}"
+        );
+        ran.push(line);
+        outputs.push(said);
+    }
+    let mut admin = <diesel::PgConnection as diesel::Connection>::establish(
+        &crate::support::postgres_base_url(),
+    )
+    .expect("connect");
+    drop(bouncer);
+    let _ = diesel::connection::SimpleConnection::batch_execute(
+        &mut admin,
+        &format!("DROP ROLE IF EXISTS {role}"),
+    );
+    assert_eq!(ran.len(), 4, "OPERATIONS' runnable blocks: {ran:?}");
+    // The reference list: every check of `verify` passed, and the grants
+    // printed for the role.
+    assert!(outputs[1].contains("GRANT"), "{}", outputs[1]);
+    // The least-privilege task: the role made, its grants given, a login.
+    assert!(outputs[2].contains("CREATE ROLE"), "{}", outputs[2]);
+    // The signing key made where the task says.
+    assert!(work.join("etc/receipts.key.pub").exists());
 }

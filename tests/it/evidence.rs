@@ -811,3 +811,54 @@ fn audit_names_a_backdated_unsigned_edit_by_its_place_in_the_feed(db: TestDb) {
         "{said}"
     );
 }
+
+/// The public evidence costs the database a bounded number of reads a
+/// second for callers it does not know: past them a consistency proof is
+/// 503 `busy` with `Retry-After`, before any connection is taken, and
+/// counted; a familiar reader's token is never turned away.
+#[test]
+fn public_reads_past_their_budget_are_turned_away_before_the_database() {
+    let db = TestDb::sqlite();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = generate_key(dir.path(), "k1");
+    let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+    let reader = login_via_cli(&db.url, "orders", "receipts:read");
+    let service = serve_signed(&db.url, &[&key]);
+    submit(&service.addr, &planner, "budget", 3);
+    checkpoint_of_at_least(&service.addr, 3);
+    let path = "/v1/checkpoint/consistency?old=1&new=3";
+    let agent = client();
+    let mut turned_away = None;
+    for _ in 0..5_000 {
+        match agent.get(&format!("http://{}{path}", service.addr)).call() {
+            Ok(response) => {
+                let _ = response.into_string();
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                let retry_after = response.header("retry-after").map(str::to_owned);
+                turned_away = Some((
+                    status,
+                    retry_after,
+                    response.into_string().unwrap_or_default(),
+                ));
+                break;
+            }
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+    let (status, retry_after, body) =
+        turned_away.expect("a stranger turned away within 5,000 reads");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("/problems/busy"), "{body}");
+    assert!(retry_after.is_some(), "{body}");
+    // The reader the service knows is answered at once, budget or not.
+    let (status, proof) = get_text(&service.addr, Some(&reader), path);
+    assert_eq!(status, 200, "{proof}");
+    let refused = service
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("plan_intake_public_reads_refused_total "))
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("the counter");
+    assert!(refused >= 1.0, "{refused}");
+}
