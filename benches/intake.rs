@@ -1754,8 +1754,9 @@ fn public_flood(backend: &'static str, options: &Options) {
                     let full_tiles = (logged / 256).max(1);
                     let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
                     let mut i = c as u64;
-                    let every =
-                        Duration::from_secs_f64(FLOOD_CONNECTIONS as f64 / FLOOD_PER_SECOND as f64);
+                    let every = Duration::from_secs_f64(
+                        FLOOD_CONNECTIONS as f64 / options.flood_rate as f64,
+                    );
                     let mut next = Instant::now();
                     while !stop.load(Ordering::Relaxed) {
                         let tile = tile_path(i % full_tiles);

@@ -418,6 +418,9 @@ pub fn audit(
     // Which plans carry a signature a trusted key made, and which none.
     let mut signed_by_a_key = vec![false; data.plans.len()];
     let mut unsigned_places = Vec::new();
+    // Receipts signed by a key the auditor does not trust: the key, how
+    // many, the first and the last in feed order.
+    let mut untrusted: Vec<(String, usize, String, String)> = Vec::new();
     for (place, (_, row)) in data.plans.iter().enumerate() {
         let hashes = hashes_of_stored(&row.approved_inputs, &row.content, &row.run_id);
         if hashes.content_hash != row.content_hash {
@@ -439,6 +442,22 @@ pub fn audit(
                         report.unsigned += 1;
                         unsigned_places.push(place);
                     }
+                    // Counted per key: after a rotation, every receipt
+                    // the new key signed, told once.
+                    Err(BadSignature::UnknownKey(key)) => {
+                        match untrusted.iter_mut().find(|(k, ..)| *k == key) {
+                            Some((_, count, _, last)) => {
+                                *count += 1;
+                                last.clone_from(&row.receipt_id);
+                            }
+                            None => untrusted.push((
+                                key,
+                                1,
+                                row.receipt_id.clone(),
+                                row.receipt_id.clone(),
+                            )),
+                        }
+                    }
                     Err(bad) => findings.push(format!("receipt {}: {bad}", row.receipt_id)),
                 }
                 match signed_form(&receipt) {
@@ -450,6 +469,16 @@ pub fn audit(
             }
             Err(corrupt) => findings.push(format!("receipt {}: {corrupt}", row.receipt_id)),
         }
+    }
+
+    for (key, count, first, last) in untrusted {
+        findings.push(if count == 1 {
+            format!("receipt {first}: the receipt is signed by {key}, which is not among the trusted keys")
+        } else {
+            format!(
+                "{count} receipts, from {first} to {last} in feed order, are signed by {key}, which is not among the trusted keys (after a rotation: add the new key's .pub to the keys you trust)"
+            )
+        });
     }
 
     // Unsigned rows come only from before the log's first key: one
@@ -592,9 +621,18 @@ pub fn audit(
                 .iter()
                 .map(|(name, note)| (format!("checkpoint {name}"), note.clone())),
         );
+    // Checkpoints failing for one reason (a key the reader does not pin,
+    // after a rotation) are one finding, with how many and which.
+    let mut failing: Vec<(String, Vec<String>)> = Vec::new();
     for (name, note) in named {
         match verify_checkpoint(&note, keys) {
-            Err(e) => findings.push(format!("{name}: {e}")),
+            Err(e) => {
+                let reason = e.to_string();
+                match failing.iter_mut().find(|(r, _)| *r == reason) {
+                    Some((_, names)) => names.push(name),
+                    None => failing.push((reason, vec![name])),
+                }
+            }
             Ok(checkpoint) if checkpoint.size > tree.size() => findings.push(format!(
                 "{name}: signed for {} leaves, but the log has {}: leaves were removed",
                 checkpoint.size,
@@ -610,6 +648,16 @@ pub fn audit(
                 }
                 checkpoints.push((name, checkpoint, matches));
             }
+        }
+    }
+    for (reason, names) in failing {
+        match &names[..] {
+            [one] => findings.push(format!("{one}: {reason}")),
+            [first, .., last] => findings.push(format!(
+                "{} checkpoints, from {first} to {last}: {reason}",
+                names.len()
+            )),
+            [] => {}
         }
     }
     let more = mismatched.len().saturating_sub(FINDINGS_OF_A_KIND);

@@ -499,6 +499,23 @@ fn a_rotated_key_keeps_old_receipts_verifiable(db: TestDb) {
         )),
         "{said}"
     );
+    // An auditor still holding the keys saved before the rotation is told
+    // of the new key once, not once per receipt and checkpoint it signed.
+    let only_old = PathBuf::from(format!("{}.pub", old_key.display()));
+    let (code, said) = audit(&db.url, &only_old, &[]);
+    assert_eq!(code, 65, "{said}");
+    assert!(
+        said.contains(&format!(
+            "3 receipts, from {} to {} in feed order, are signed by {new_id}",
+            after[0]["receipt_id"].as_str().unwrap_or_default(),
+            after[2]["receipt_id"].as_str().unwrap_or_default()
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(": 2 finding(s)"),
+        "the key published, the receipts it signed: {said}"
+    );
     drop(service);
 }
 
