@@ -1699,6 +1699,108 @@ fn beside_strangers(
 /// does (and the load generator leaves the service its cores).
 const FLOOD_CONNECTIONS: usize = 200;
 const FLOOD_PER_SECOND: u64 = 2_000;
+/// Threads the flood's connections are shared among.
+const FLOOD_THREADS: usize = 4;
+
+/// One keep-alive HTTP/1.1 connection spoken by hand: a GET, and its
+/// answer's status once the whole answer has arrived (0: the connection
+/// failed, and is made again).
+struct RawHttp {
+    stream: Option<std::net::TcpStream>,
+    read: Vec<u8>,
+}
+
+impl RawHttp {
+    fn connect(addr: &str) -> Self {
+        Self {
+            stream: std::net::TcpStream::connect(addr).ok(),
+            read: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, addr: &str, path: &str) {
+        use std::io::Write as _;
+        if self.stream.is_none() {
+            self.stream = std::net::TcpStream::connect(addr).ok();
+        }
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        let sent = self
+            .stream
+            .as_mut()
+            .is_some_and(|s| s.write_all(request.as_bytes()).is_ok());
+        if !sent {
+            self.stream = None;
+        }
+        self.read.clear();
+    }
+
+    /// The answer's status if it has all arrived, without waiting.
+    fn try_answer(&mut self) -> Option<u16> {
+        use std::io::Read as _;
+        let Some(stream) = self.stream.as_mut() else {
+            return Some(0);
+        };
+        let _ = stream.set_nonblocking(true);
+        let mut buffer = [0u8; 16 * 1024];
+        loop {
+            match stream.read(&mut buffer) {
+                Ok(0) => {
+                    self.stream = None;
+                    return Some(0);
+                }
+                Ok(n) => self.read.extend_from_slice(&buffer[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.stream = None;
+                    return Some(0);
+                }
+            }
+        }
+        let _ = stream.set_nonblocking(false);
+        self.complete()
+    }
+
+    /// A GET, waiting for its answer.
+    fn get(&mut self, addr: &str, path: &str) -> u16 {
+        use std::io::Read as _;
+        self.send(addr, path);
+        let mut buffer = [0u8; 64 * 1024];
+        loop {
+            if let Some(status) = self.complete() {
+                return status;
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                return 0;
+            };
+            match stream.read(&mut buffer) {
+                Ok(n) if n > 0 => self.read.extend_from_slice(&buffer[..n]),
+                _ => {
+                    self.stream = None;
+                    return 0;
+                }
+            }
+        }
+    }
+
+    /// The status of the answer read so far, once its head and
+    /// `Content-Length` bytes of body are in.
+    fn complete(&self) -> Option<u16> {
+        let end = self.read.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = std::str::from_utf8(&self.read[..end]).ok()?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        let length: usize = head
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())
+                    .flatten()
+            })
+            .unwrap_or(0);
+        (self.read.len() >= end + 4 + length).then_some(status)
+    }
+}
+
 /// Of those, how many wait on `/v1/checkpoint/extension` for a size the
 /// log has not reached.
 const FLOOD_WAITERS: usize = 500;
@@ -1747,17 +1849,22 @@ fn public_flood(backend: &'static str, options: &Options) {
     let (among, answers) = thread::scope(|scope| {
         let stop = &stop;
         let addr = service.addr.as_str();
-        let floods: Vec<_> = (0..FLOOD_CONNECTIONS)
-            .map(|c| {
+        // A lean generator, so that what the planners lose is the
+        // service's cost and not the load generator's: FLOOD_THREADS
+        // threads pacing requests over FLOOD_CONNECTIONS raw keep-alive
+        // sockets, and one thread holding every waiter's socket.
+        let floods: Vec<_> = (0..FLOOD_THREADS)
+            .map(|t| {
                 scope.spawn(move || {
-                    let agent = http_client(0);
                     let full_tiles = (logged / 256).max(1);
                     let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
-                    let mut i = c as u64;
-                    let every = Duration::from_secs_f64(
-                        FLOOD_CONNECTIONS as f64 / options.flood_rate as f64,
-                    );
+                    let mut sockets: Vec<RawHttp> = (0..FLOOD_CONNECTIONS / FLOOD_THREADS)
+                        .map(|_| RawHttp::connect(addr))
+                        .collect();
+                    let every =
+                        Duration::from_secs_f64(FLOOD_THREADS as f64 / options.flood_rate as f64);
                     let mut next = Instant::now();
+                    let mut i = t as u64;
                     while !stop.load(Ordering::Relaxed) {
                         let tile = tile_path(i % full_tiles);
                         let pick = routes[(i % routes.len() as u64) as usize];
@@ -1772,9 +1879,11 @@ fn public_flood(backend: &'static str, options: &Options) {
                             "signing-keys" => ("signing keys", "/v1/signing-keys".to_owned()),
                             _ => ("readyz", "/readyz".to_owned()),
                         };
-                        let status = get_status(&agent, addr, &path);
+                        let n = sockets.len();
+                        let socket = &mut sockets[(i as usize / FLOOD_THREADS) % n];
+                        let status = socket.get(addr, &path);
                         *answers.entry((route, status)).or_insert(0) += 1;
-                        i += 1;
+                        i += FLOOD_THREADS as u64;
                         next += every;
                         if let Some(wait) = next.checked_duration_since(Instant::now()) {
                             thread::sleep(wait);
@@ -1784,31 +1893,40 @@ fn public_flood(backend: &'static str, options: &Options) {
                 })
             })
             .collect();
-        let waiters: Vec<_> = (0..options.flood_waiters)
-            .map(|_| {
-                scope.spawn(move || {
-                    let agent = http_client(0);
-                    let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let path = "/v1/checkpoint/extension?size=1000000000&wait=10";
-                        let begun = Instant::now();
-                        let status = get_status(&agent, addr, path);
-                        // One past the waiters' bounds is answered at once:
-                        // it asks again a second later, as a poller would.
-                        if let Some(wait) = Duration::from_secs(1).checked_sub(begun.elapsed()) {
-                            thread::sleep(wait);
+        let waiters = scope.spawn(move || {
+            let path = "/v1/checkpoint/extension?size=1000000000&wait=10";
+            let mut answers = std::collections::BTreeMap::<(&str, u16), u64>::new();
+            // Each waiter: its socket, and when it asks again (None: asking).
+            let mut waiting: Vec<(RawHttp, Option<Instant>)> = (0..options.flood_waiters)
+                .map(|_| (RawHttp::connect(addr), Some(Instant::now())))
+                .collect();
+            while !stop.load(Ordering::Relaxed) {
+                for (socket, again) in &mut waiting {
+                    match again {
+                        Some(at) if *at <= Instant::now() => {
+                            socket.send(addr, path);
+                            *again = None;
                         }
-                        *answers.entry(("extension wait", status)).or_insert(0) += 1;
+                        Some(_) => {}
+                        None => {
+                            if let Some(status) = socket.try_answer() {
+                                *answers.entry(("extension wait", status)).or_insert(0) += 1;
+                                // As a poller would: again a second after
+                                // a quick answer, at once after a wait.
+                                *again = Some(Instant::now() + Duration::from_secs(1));
+                            }
+                        }
                     }
-                    answers
-                })
-            })
-            .collect();
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            answers
+        });
         let (among, _, _) =
             new_plans_from(&service, &tokens, clients, "among", &body, options.duration);
         stop.store(true, Ordering::Relaxed);
         let mut answers = std::collections::BTreeMap::new();
-        for sender in floods.into_iter().chain(waiters) {
+        for sender in floods.into_iter().chain([waiters]) {
             for (route, n) in sender.join().expect("a stranger") {
                 *answers.entry(route).or_insert(0u64) += n;
             }
