@@ -39,8 +39,7 @@ pub async fn signing_keys(
         (status = 503, description = "The database could not answer, or the synchronous standby has not confirmed the checkpoint within the deadline (a checkpoint is handed out only once a failover would keep it)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn checkpoint(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    // Public and polled: one read shared by every caller for a moment,
-    // read again at once when this instance signs a newer one.
+    // Public and polled: callers that arrive together share one read.
     let signed = *state.intake.log_rounds().subscribe().borrow();
     state
         .checkpoint_answer
@@ -133,10 +132,14 @@ pub async fn extension(
         .into_inner();
     let wait =
         crate::intake::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
-    admit_public_read(&req, &state)?;
+    let familiar = familiar_caller(&req, &state);
+    if !familiar {
+        take_public_read(&state)?;
+    }
     let deadline = super::deadline::of(&req, &state);
     let peer = req.peer_addr().map(|address| address.ip());
-    let extension = extension_or_wait(&state, peer, query.size, query.since, wait, deadline)
+    let caller = Caller { peer, familiar };
+    let extension = extension_or_wait(&state, caller, query.size, query.since, wait, deadline)
         .await?
         .ok_or(ApiError::NotLoggedYet(
             "no checkpoint holds that many leaves yet; the log takes a few seconds",
@@ -154,9 +157,16 @@ pub async fn extension(
 /// proofs. Waiters are bounded in
 /// number and per address (`ExtensionWaiters`); one past them is answered
 /// at once, as if its wait were 0.
+/// Who waits: its address (for the waiters' bounds) and whether its reads
+/// are counted among the public ones.
+struct Caller {
+    peer: Option<std::net::IpAddr>,
+    familiar: bool,
+}
+
 async fn extension_or_wait(
     state: &AppState,
-    peer: Option<std::net::IpAddr>,
+    caller: Caller,
     size: u64,
     since: Option<u64>,
     wait: std::time::Duration,
@@ -178,7 +188,7 @@ async fn extension_or_wait(
     if found.is_some() || wait.is_zero() || !signs {
         return Ok(found);
     }
-    let Some(_waiter) = state.extension_waiters.enter(peer) else {
+    let Some(_waiter) = state.extension_waiters.enter(caller.peer) else {
         return Ok(None);
     };
     // One round asked for, now: the appender then runs at its own pace.
@@ -207,6 +217,11 @@ async fn extension_or_wait(
         };
         // (No checkpoint reads as 0: a reader of `size=0` waits for one.)
         if newest >= size.max(1) {
+            // Woken with the others: its proofs are a read of its own,
+            // counted as its first was.
+            if !caller.familiar {
+                take_public_read(state)?;
+            }
             return read(deadline).await;
         }
     }
@@ -505,11 +520,19 @@ impl Default for PublicReads {
 /// login's token (a reader or planner the service knows), else taken from
 /// [`PublicReads`].
 fn admit_public_read(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
-    if let Ok(token) = super::auth::bearer_token(req.headers())
-        && state.intake.familiar(token)
-    {
+    if familiar_caller(req, state) {
         return Ok(());
     }
+    take_public_read(state)
+}
+
+/// Whether the caller's token is one this instance has seen lately (a
+/// login's): its public reads are not counted.
+fn familiar_caller(req: &HttpRequest, state: &AppState) -> bool {
+    super::auth::bearer_token(req.headers()).is_ok_and(|token| state.intake.familiar(token))
+}
+
+fn take_public_read(state: &AppState) -> Result<(), ApiError> {
     if state.public_reads.try_take() {
         Ok(())
     } else {

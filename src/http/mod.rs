@@ -53,14 +53,15 @@ pub struct AppState {
     pub(crate) public_reads: std::sync::Arc<evidence::PublicReads>,
 }
 
-/// An answer that costs the database a read, shared by every caller for a
-/// short while, so that a flood of public requests costs it one read per
-/// interval: at most one caller computes it, the others wait for that
-/// answer (or reuse the last one while it is fresh). `key` names what the
-/// answer depends on beyond time (the size this instance last signed):
-/// another key computes it again at once. While no more than
-/// `quiet_per_second` callers come in a second (a few load balancers),
-/// each is answered afresh: sharing begins with a crowd.
+/// An answer that costs the database a read, shared by callers so that a
+/// flood of public requests costs it few reads: at most one caller
+/// computes it at a time, and a caller takes an answer whose computation
+/// began after it arrived (so it is never older than the caller's own
+/// read would have been), or, in a crowd (more than `quiet_per_second`
+/// callers this second), one begun within `fresh_for` under the same
+/// `key`. With `fresh_for` zero it only joins callers that arrive
+/// together. A timed-out or unreadable answer is handed to its own caller
+/// alone, never kept.
 pub(crate) struct SharedAnswer {
     fresh_for: std::time::Duration,
     quiet_per_second: u32,
@@ -70,11 +71,24 @@ pub(crate) struct SharedAnswer {
 }
 
 struct KeptAnswer {
-    at: std::time::Instant,
+    /// When its computation began.
+    began: std::time::Instant,
     key: u64,
     status: actix_web::http::StatusCode,
     headers: actix_web::http::header::HeaderMap,
     body: actix_web::web::Bytes,
+}
+
+impl KeptAnswer {
+    fn response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status).body(self.body.clone());
+        let headers = response.headers_mut();
+        headers.clear();
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        response
+    }
 }
 
 impl SharedAnswer {
@@ -106,37 +120,36 @@ impl SharedAnswer {
     where
         F: std::future::Future<Output = HttpResponse>,
     {
+        let arrived = std::time::Instant::now();
         let crowded = self.crowded();
         let mut last = self.last.lock().await;
-        let fresh = crowded
-            && last
-                .as_ref()
-                .is_some_and(|kept| kept.key == key && kept.at.elapsed() < self.fresh_for);
-        if !fresh {
-            let response = make.await;
-            let status = response.status();
-            let headers = response.headers().clone();
-            let body = actix_web::body::to_bytes(response.into_body())
-                .await
-                .unwrap_or_default();
-            *last = Some(KeptAnswer {
-                at: std::time::Instant::now(),
-                key,
-                status,
-                headers,
-                body,
-            });
-        }
-        match last.as_ref() {
-            Some(kept) => {
-                let mut response = HttpResponse::build(kept.status).body(kept.body.clone());
-                for (name, value) in &kept.headers {
-                    response.headers_mut().insert(name.clone(), value.clone());
-                }
-                response
+        if let Some(kept) = last.as_ref() {
+            let joined = kept.began >= arrived;
+            let fresh = crowded && kept.key == key && kept.began.elapsed() < self.fresh_for;
+            if joined || fresh {
+                return kept.response();
             }
-            None => HttpResponse::InternalServerError().finish(),
         }
+        let began = std::time::Instant::now();
+        let response = make.await;
+        if response.extensions().get::<problem::TimedOut>().is_some() {
+            return response;
+        }
+        let status = response.status();
+        let headers = response.headers().clone();
+        let Ok(body) = actix_web::body::to_bytes(response.into_body()).await else {
+            return HttpResponse::InternalServerError().finish();
+        };
+        let kept = KeptAnswer {
+            began,
+            key,
+            status,
+            headers,
+            body,
+        };
+        let answer = kept.response();
+        *last = Some(kept);
+        answer
     }
 }
 
@@ -162,11 +175,11 @@ impl AppState {
                 std::time::Duration::from_secs(1),
                 10,
             )),
-            // Readers poll; a new checkpoint is signed about once a second.
-            checkpoint_answer: std::sync::Arc::new(SharedAnswer::new(
-                std::time::Duration::from_millis(250),
-                10,
-            )),
+            // Never older than the caller's own read would be: a reader
+            // that verified a newer checkpoint must not be shown an older
+            // one (it would take the log for rolled back). Callers that
+            // arrive together share one read.
+            checkpoint_answer: std::sync::Arc::new(SharedAnswer::new(std::time::Duration::ZERO, 0)),
             public_reads: std::sync::Arc::default(),
         }
     }
@@ -396,8 +409,9 @@ pub async fn readyz(req: actix_web::HttpRequest, state: web::Data<AppState>) -> 
     if insider {
         return answer_of(readiness_answer(&req, &state, true).await);
     }
-    // Everyone else shares one verdict a second: a flood of strangers
-    // costs the database one round of readiness checks a second.
+    // Everyone else: a few callers a second each get a verdict of their
+    // own; a crowd shares one at most a second old, so a flood of
+    // strangers costs the database about a dozen rounds a second.
     state
         .strangers_readiness
         .answer(0, async {
@@ -527,6 +541,15 @@ mod tests {
         }
         // Three callers in a quiet second each made it; the two past
         // them reused the last.
+        assert_eq!(made.load(Ordering::SeqCst) - made_before, 3);
+
+        // Never older than a caller's own read: one after another, each
+        // makes its own.
+        let never_older = SharedAnswer::new(std::time::Duration::ZERO, 0);
+        let made_before = made.load(Ordering::SeqCst);
+        for _ in 0..3 {
+            let _ = never_older.answer(1, make("own")).await;
+        }
         assert_eq!(made.load(Ordering::SeqCst) - made_before, 3);
     }
 }

@@ -363,7 +363,7 @@ fn operations_runs_as_printed() {
         &mut admin,
         &format!("DROP ROLE IF EXISTS {role}"),
     );
-    assert_eq!(ran.len(), 4, "OPERATIONS' runnable blocks: {ran:?}");
+    assert_eq!(ran.len(), 6, "OPERATIONS' runnable blocks: {ran:?}");
     // The reference list: every check of `verify` passed, and the grants
     // printed for the role.
     assert!(outputs[1].contains("GRANT"), "{}", outputs[1]);
@@ -371,4 +371,14 @@ fn operations_runs_as_printed() {
     assert!(outputs[2].contains("CREATE ROLE"), "{}", outputs[2]);
     // The signing key made where the task says.
     assert!(work.join("etc/receipts.key.pub").exists());
+    // The upgrade: every check of `verify` held (it exits non-zero on any).
+    assert!(
+        outputs[4].contains("ok    migrations applied"),
+        "{}",
+        outputs[4]
+    );
+    // The rotation: a new token written, the login active again.
+    let token = std::fs::read_to_string(work.join("planner-a.token")).unwrap_or_default();
+    assert!(token.trim().starts_with("pit_"), "{token}");
+    assert!(outputs[5].contains("planner-a"), "{}", outputs[5]);
 }
