@@ -1,0 +1,252 @@
+//! What the soak runs: a Postgres database of its own, made by the real
+//! migrations, its logins made by the real CLI, and the service instances
+//! on fixed ports (a restart comes back where callers look for it).
+
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub struct System {
+    bin: PathBuf,
+    admin_url: String,
+    database: String,
+    pub database_url: String,
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    instances: Mutex<Vec<Option<Child>>>,
+    pub planner_tokens: Vec<String>,
+    pub reader_token: String,
+}
+
+impl System {
+    pub fn start(
+        bin: &Path,
+        postgres: &str,
+        instances: usize,
+        seed: u64,
+        planners: usize,
+    ) -> Result<Self, String> {
+        if !bin.exists() {
+            return Err(format!(
+                "{} is not there: build it first (cargo build)",
+                bin.display()
+            ));
+        }
+        let database = format!("soak_{}_{}", std::process::id(), seed % 1_000_000);
+        let admin_url = format!("{postgres}/postgres");
+        psql(&admin_url, &format!("CREATE DATABASE {database}"))?;
+        let database_url = format!("{postgres}/{database}");
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let ports = (0..instances)
+            .map(|_| free_port())
+            .collect::<Result<_, _>>()?;
+        let mut system = Self {
+            bin: bin.to_owned(),
+            admin_url,
+            database,
+            database_url,
+            dir,
+            ports,
+            instances: Mutex::new((0..instances).map(|_| None).collect()),
+            planner_tokens: Vec::new(),
+            reader_token: String::new(),
+        };
+        system.cli(&["migrate", "run"])?;
+        for p in 0..planners {
+            let token = system.cli(&[
+                "logins",
+                "add",
+                &format!("planner-{p}"),
+                "--permission",
+                "plans:submit",
+            ])?;
+            system.planner_tokens.push(token);
+        }
+        system.reader_token =
+            system.cli(&["logins", "add", "orders", "--permission", "receipts:read"])?;
+        for i in 0..instances {
+            system.start_instance(i)?;
+        }
+        Ok(system)
+    }
+
+    /// Runs the CLI against the database: its stdout, trimmed.
+    pub fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(&self.bin)
+            .args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("PLAN_INTAKE_LOG", "warn")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "plan-intake {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    pub fn count(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    fn start_instance(&self, i: usize) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("instance-{i}.log")))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&self.bin)
+            .args(["serve", "--bind", &format!("127.0.0.1:{}", self.ports[i])])
+            .env("DATABASE_URL", &self.database_url)
+            .env("PLAN_INTAKE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Ok(mut instances) = self.instances.lock() {
+            instances[i] = Some(child);
+        }
+        self.await_ready(i, Duration::from_secs(30))
+    }
+
+    /// Waits until instance `i` answers `/readyz` 200.
+    pub fn await_ready(&self, i: usize, within: Duration) -> Result<(), String> {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if ready(self.ports[i]) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("instance {i} was not ready within {within:?}"))
+    }
+
+    fn signal(&self, i: usize, signal: i32) {
+        if let Ok(instances) = self.instances.lock()
+            && let Some(child) = &instances[i]
+            && let Ok(pid) = i32::try_from(child.id())
+        {
+            // SAFETY: kill(2) on a child this process started and has not
+            // reaped: the pid is still its.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// kill -9, then started again.
+    pub fn kill_9(&self, i: usize) -> Result<(), String> {
+        self.signal(i, libc::SIGKILL);
+        self.reap(i);
+        self.start_instance(i)
+    }
+
+    /// SIGTERM (the graceful stop), then started again.
+    pub fn restart(&self, i: usize) -> Result<(), String> {
+        self.signal(i, libc::SIGTERM);
+        self.reap(i);
+        self.start_instance(i)
+    }
+
+    pub fn pause(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+    }
+
+    fn reap(&self, i: usize) {
+        let child = self.instances.lock().ok().and_then(|mut all| all[i].take());
+        if let Some(mut child) = child {
+            let _ = child.wait();
+        }
+    }
+
+    /// Every instance running and ready.
+    pub fn all_up(&self) -> Result<(), String> {
+        for i in 0..self.count() {
+            self.resume(i);
+            let exited = self
+                .instances
+                .lock()
+                .map(|mut all| {
+                    all[i]
+                        .as_mut()
+                        .is_none_or(|child| child.try_wait().ok().flatten().is_some())
+                })
+                .unwrap_or(true);
+            if exited {
+                self.reap(i);
+                self.start_instance(i)?;
+            }
+            self.await_ready(i, Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// One column of `sql`'s rows, through `psql`.
+    pub fn query(&self, sql: &str) -> Result<Vec<String>, String> {
+        let text = psql(&self.database_url, sql)?;
+        Ok(text.lines().map(str::to_owned).collect())
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        for i in 0..self.count() {
+            self.resume(i);
+            self.signal(i, libc::SIGKILL);
+            self.reap(i);
+        }
+        let _ = psql(
+            &self.admin_url,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
+        );
+    }
+}
+
+fn psql(url: &str, sql: &str) -> Result<String, String> {
+    let out = Command::new("psql")
+        .args([url, "-qAtX", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .map_err(|e| format!("psql: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Whether `/readyz` on `port` answers 200 within a second.
+fn ready(port: u16) -> bool {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request =
+        format!("GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}

@@ -1,0 +1,203 @@
+//! The planners and the follower. Planners send through the client crate,
+//! retrying as `submit` does, with the duplicates real planners make: the
+//! same request again (to any instance), the same plan under a new key,
+//! and the same key sent twice at once to two instances.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use plan_intake_client::{Client, FollowOptions, SubmitOptions};
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+
+use crate::history::History;
+use crate::system::System;
+
+/// A plan a planner sent: its body and the key it went under.
+#[derive(Clone)]
+struct Sent {
+    run_id: String,
+    body: String,
+    key: String,
+}
+
+fn body(run_id: &str, n: u64) -> String {
+    json!({
+        "run_id": run_id,
+        "approved_inputs": [{"id": "forecast-v12", "digest": "blake3:9f2c"}],
+        "content": {"lines": [{"sku": format!("S-{n}"), "qty": n % 7 + 1}]},
+    })
+    .to_string()
+}
+
+/// One submission, recorded: whether it was acknowledged.
+fn send(
+    system: &System,
+    history: &History,
+    planner: usize,
+    instance: usize,
+    sent: &Sent,
+    why: &str,
+) -> bool {
+    let options = SubmitOptions {
+        key: Some(sent.key.clone()),
+        // Longer than any pause the nemesis makes, as a planner's would be.
+        timeout: Duration::from_secs(30),
+        ..SubmitOptions::default()
+    };
+    let answer = Client::new(&system.url(instance), &system.planner_tokens[planner])
+        .map_err(|e| e.to_string())
+        .and_then(|client| {
+            client
+                .submit(sent.body.as_bytes(), &options)
+                .map_err(|e| e.to_string())
+        });
+    let mut event = json!({
+        "kind": "submit",
+        "planner": planner,
+        "instance": instance,
+        "why": why,
+        "key": sent.key,
+        "run_id": sent.run_id,
+    });
+    match answer {
+        Ok(submitted) => {
+            event["outcome"] = json!(submitted.outcome.to_string());
+            event["receipt_id"] = json!(submitted.receipt_id);
+            event["attempts"] = json!(submitted.attempts);
+            history.record(event);
+            true
+        }
+        Err(error) => {
+            event["error"] = json!(error);
+            history.record(event);
+            false
+        }
+    }
+}
+
+/// The planner threads; each gives how many answers it was acknowledged.
+pub fn planners(
+    system: Arc<System>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<JoinHandle<usize>> {
+    (0..system.planner_tokens.len())
+        .map(|planner| {
+            let (system, history, stop) = (system.clone(), history.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (planner as u64 + 1));
+                let mut sent: Vec<Sent> = Vec::new();
+                let mut acknowledged = 0;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let instance = rng.random_range(0..system.count());
+                    let draw = rng.random_range(0..100);
+                    let previous =
+                        (!sent.is_empty()).then(|| sent[rng.random_range(0..sent.len())].clone());
+                    let ok = match (draw, previous) {
+                        // The same request again, to any instance.
+                        (0..20, Some(again)) => {
+                            send(&system, &history, planner, instance, &again, "retry")
+                        }
+                        // The same plan under a new key.
+                        (20..35, Some(plan)) => {
+                            let other = Sent {
+                                key: format!("p{planner}-rekey-{n}"),
+                                ..plan
+                            };
+                            send(&system, &history, planner, instance, &other, "new key")
+                        }
+                        // The same key twice at once, to two instances.
+                        (35..50, _) => {
+                            let run_id = format!("soak-{planner}-{n}");
+                            let twice = Sent {
+                                body: body(&run_id, n),
+                                key: format!("p{planner}-twice-{n}"),
+                                run_id,
+                            };
+                            sent.push(twice.clone());
+                            let other = (instance + 1) % system.count();
+                            let (a, b) = std::thread::scope(|scope| {
+                                let a = scope.spawn(|| {
+                                    send(&system, &history, planner, instance, &twice, "twice")
+                                });
+                                let b = scope.spawn(|| {
+                                    send(&system, &history, planner, other, &twice, "twice")
+                                });
+                                (a.join().unwrap_or(false), b.join().unwrap_or(false))
+                            });
+                            acknowledged += usize::from(a);
+                            b
+                        }
+                        // A new plan.
+                        _ => {
+                            let run_id = format!("soak-{planner}-{n}");
+                            let new = Sent {
+                                body: body(&run_id, n),
+                                key: format!("p{planner}-{n}"),
+                                run_id,
+                            };
+                            sent.push(new.clone());
+                            send(&system, &history, planner, instance, &new, "new")
+                        }
+                    };
+                    acknowledged += usize::from(ok);
+                }
+                acknowledged
+            })
+        })
+        .collect()
+}
+
+/// The follower of the feed through instance 0, until `stop`; then, once
+/// `drain` is set (the workload over, every instance up), it reads what is
+/// left. The receipt ids it handed on, in order.
+pub fn follower(
+    system: Arc<System>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    drain: Arc<AtomicBool>,
+) -> JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let dir = tempfile::tempdir().ok();
+        let cursor = dir
+            .as_ref()
+            .map(|d| d.path().join("orders.cursor"))
+            .unwrap_or_else(|| "soak-orders.cursor".into());
+        let mut handed = Vec::new();
+        let Ok(client) = Client::new(&system.url(0), &system.reader_token) else {
+            return handed;
+        };
+        let mut options = FollowOptions::new(&cursor);
+        options.from_start = true;
+        options.wait = Duration::from_secs(1);
+        let mut out: Vec<u8> = Vec::new();
+        if let Err(e) = plan_intake_client::follow(&client, &options, &stop, &mut out) {
+            history.record(json!({"kind": "follower-error", "error": e.to_string()}));
+        }
+        // Once the workload has stopped and every instance is up: the rest.
+        while !drain.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        options.drain = true;
+        options.wait = Duration::ZERO;
+        let never = AtomicBool::new(false);
+        if let Err(e) = plan_intake_client::follow(&client, &options, &never, &mut out) {
+            history.record(json!({"kind": "follower-error", "error": e.to_string()}));
+        }
+        for line in String::from_utf8_lossy(&out).lines() {
+            if let Ok(receipt) = serde_json::from_str::<serde_json::Value>(line)
+                && let Some(id) = receipt["receipt_id"].as_str()
+            {
+                history.record(json!({"kind": "handed", "receipt_id": id}));
+                handed.push(id.to_owned());
+            }
+        }
+        handed
+    })
+}
