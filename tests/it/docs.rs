@@ -13,6 +13,10 @@ use crate::support::process::{BIN, ServeProcess, free_port, login_via_cli};
 const NOT_RUN: &[(&str, &str)] = &[
     ("cargo test", "the suite itself"),
     ("cargo bench", "the benchmark: minutes of load, run by hand"),
+    (
+        "plan-intake-soak",
+        "the soak: a minute of faults, run by hand",
+    ),
 ];
 
 /// Fenced blocks of `lang` in `markdown`, in order, each with the line it

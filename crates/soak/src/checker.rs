@@ -79,13 +79,15 @@ pub fn check(
     // The follower handed on the feed: every receipt, in its order, once.
     if followed != feed.as_slice() {
         let handed: HashSet<&String> = followed.iter().collect();
+        let in_feed: HashSet<&String> = feed.iter().collect();
         let missing = feed.iter().filter(|id| !handed.contains(id)).count();
+        let not_in_feed = handed.iter().filter(|id| !in_feed.contains(*id)).count();
         let repeated = followed.len() - handed.len();
         violations.push(format!(
-            "the follower handed on {} receipts, the feed holds {}: {missing} missing, {repeated} repeated{}",
+            "the follower handed on {} receipts, the feed holds {}: {missing} missing, {not_in_feed} no longer in the feed, {repeated} repeated{}",
             followed.len(),
             feed.len(),
-            if missing == 0 && repeated == 0 { ", out of order" } else { "" }
+            if missing + not_in_feed + repeated == 0 { ", out of order" } else { "" }
         ));
     }
     for error in history.of_kind("follower-error") {
