@@ -36,6 +36,7 @@ mod receipt_log;
 mod restart;
 mod retention;
 mod schema;
+mod soak;
 mod storage_full;
 mod support;
 mod systemd_unit;

@@ -34,7 +34,12 @@ impl System {
                 bin.display()
             ));
         }
-        let database = format!("soak_{}_{}", std::process::id(), seed % 1_000_000);
+        let database = format!(
+            "soak_{}_{}_{:04x}",
+            std::process::id(),
+            seed % 1_000_000,
+            rand::random::<u16>()
+        );
         let admin_url = format!("{postgres}/postgres");
         psql(&admin_url, &format!("CREATE DATABASE {database}"))?;
         let database_url = format!("{postgres}/{database}");

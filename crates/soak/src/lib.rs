@@ -1,0 +1,92 @@
+//! The soak (issue 52, a first step): a Postgres database of its own, two
+//! service instances on it, planners sending through the client crate with
+//! duplicates the way real planners make them, a follower of the feed, and
+//! a nemesis drawing at random from kill -9, SIGSTOP and a graceful
+//! restart of an instance. Every answer and every fault goes to a history
+//! file; at the end a checker holds the history and the database to the
+//! promise. Seeded: the same seed repeats the same draws.
+
+mod checker;
+mod history;
+mod nemesis;
+mod system;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What to run.
+pub struct Options {
+    /// The seed of every random draw.
+    pub seed: u64,
+    /// How long the workload and the nemesis run.
+    pub seconds: u64,
+    /// Service instances on the one database.
+    pub instances: usize,
+    /// Planner threads.
+    pub planners: usize,
+    /// The plan-intake binary to run.
+    pub bin: PathBuf,
+    /// The Postgres server (a database of the soak's own is made on it).
+    pub postgres: String,
+    /// Where the history goes (one JSON line per event).
+    pub history: PathBuf,
+}
+
+/// What a run found: its violations (one line each, with the seed) and
+/// the lines of its summary, the last one such as `soak: seed 7, 22 s,
+/// 12596 acknowledgements, 6 faults of 3 kinds, 0 violations`.
+pub struct Outcome {
+    pub violations: Vec<String>,
+    pub summary: Vec<String>,
+}
+
+/// Runs the soak; `Err` when it could not run at all.
+pub fn run(options: &Options) -> Result<Outcome, String> {
+    let seed = options.seed;
+    let history = Arc::new(history::History::create(&options.history)?);
+    let system = Arc::new(system::System::start(
+        &options.bin,
+        &options.postgres,
+        options.instances,
+        seed,
+        options.planners,
+    )?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let drain = Arc::new(AtomicBool::new(false));
+    let follower = workload::follower(system.clone(), history.clone(), stop.clone(), drain.clone());
+    let planners = workload::planners(system.clone(), history.clone(), stop.clone(), seed);
+    let faults = nemesis::run(
+        system.clone(),
+        history.clone(),
+        seed,
+        started + Duration::from_secs(options.seconds),
+    );
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = 0;
+    for planner in planners {
+        acknowledged += planner.join().map_err(|_| "a planner panicked")?;
+    }
+    system.all_up()?;
+    drain.store(true, Ordering::Relaxed);
+    let followed = follower.join().map_err(|_| "the follower panicked")?;
+    let violations: Vec<String> = checker::check(&system, &history, &followed)?
+        .into_iter()
+        .map(|violation| format!("violation: seed {seed}: {violation}"))
+        .collect();
+    let mut summary = faults.recovery_lines();
+    summary.push(format!(
+        "soak: seed {seed}, {} s, {acknowledged} acknowledgements, {} faults of {} kinds, {} violations",
+        started.elapsed().as_secs(),
+        faults.count(),
+        faults.kinds(),
+        violations.len()
+    ));
+    Ok(Outcome {
+        violations,
+        summary,
+    })
+}
