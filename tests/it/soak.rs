@@ -12,7 +12,9 @@ fn soak(seed: u64) {
     }
     let mut server = url::Url::parse(&crate::support::postgres_base_url()).expect("a URL");
     server.set_path("");
-    let dir = tempfile::tempdir().expect("temp dir");
+    // Kept after the run (a failure's evidence): target/soak/.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/soak");
+    std::fs::create_dir_all(&dir).expect("target/soak");
     let options = plan_intake_soak::Options {
         seed,
         seconds: 20,
@@ -20,7 +22,7 @@ fn soak(seed: u64) {
         planners: 3,
         bin: BIN.into(),
         postgres: server.as_str().trim_end_matches('/').to_owned(),
-        history: dir.path().join("history.jsonl"),
+        history: dir.join(format!("history-{seed}.jsonl")),
     };
     let outcome = plan_intake_soak::run(&options).expect("the soak ran");
     let said = outcome
@@ -31,7 +33,11 @@ fn soak(seed: u64) {
         .collect::<Vec<_>>()
         .join("\n");
     eprintln!("{said}");
-    assert!(outcome.violations.is_empty(), "{said}");
+    assert!(
+        outcome.violations.is_empty(),
+        "{said}\n(history: {})",
+        options.history.display()
+    );
     let last = outcome.summary.last().expect("a summary");
     let acknowledged: u64 = last
         .split(", ")
@@ -50,6 +56,8 @@ fn a_short_soak_with_a_fixed_seed_keeps_every_promise() {
 #[test]
 fn a_short_soak_with_a_random_seed_keeps_every_promise() {
     let seed = rand::random::<u64>() % 1_000_000;
-    eprintln!("soak: seed {seed} (cargo run -p plan-intake-soak -- --seed {seed} repeats it)");
+    eprintln!(
+        "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 20 --planners 3)"
+    );
     soak(seed);
 }

@@ -4,7 +4,8 @@
 //! a nemesis drawing at random from kill -9, SIGSTOP and a graceful
 //! restart of an instance. Every answer and every fault goes to a history
 //! file; at the end a checker holds the history and the database to the
-//! promise. Seeded: the same seed repeats the same draws.
+//! promise. Seeded: the same seed repeats the same draws (not the
+//! interleaving, which the clock decides).
 
 mod checker;
 mod history;
@@ -43,6 +44,16 @@ pub struct Outcome {
     pub summary: Vec<String>,
 }
 
+/// Sets both flags when dropped.
+struct Release(Arc<AtomicBool>, Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        self.1.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Runs the soak; `Err` when it could not run at all.
 pub fn run(options: &Options) -> Result<Outcome, String> {
     let seed = options.seed;
@@ -57,6 +68,9 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let drain = Arc::new(AtomicBool::new(false));
+    // On any early return the threads end, and the system (instances and
+    // database) is dropped with them.
+    let _release = Release(stop.clone(), drain.clone());
     let follower = workload::follower(system.clone(), history.clone(), stop.clone(), drain.clone());
     let planners = workload::planners(system.clone(), history.clone(), stop.clone(), seed);
     let faults = nemesis::run(

@@ -18,6 +18,8 @@ pub struct System {
     instances: Mutex<Vec<Option<Child>>>,
     pub planner_tokens: Vec<String>,
     pub reader_token: String,
+    /// Instances that ended otherwise than the nemesis ended them.
+    crashes: Mutex<Vec<String>>,
 }
 
 impl System {
@@ -44,9 +46,7 @@ impl System {
         psql(&admin_url, &format!("CREATE DATABASE {database}"))?;
         let database_url = format!("{postgres}/{database}");
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let ports = (0..instances)
-            .map(|_| free_port())
-            .collect::<Result<_, _>>()?;
+        let ports = free_ports(instances)?;
         let mut system = Self {
             bin: bin.to_owned(),
             admin_url,
@@ -57,6 +57,7 @@ impl System {
             instances: Mutex::new((0..instances).map(|_| None).collect()),
             planner_tokens: Vec::new(),
             reader_token: String::new(),
+            crashes: Mutex::new(Vec::new()),
         };
         system.cli(&["migrate", "run"])?;
         for p in 0..planners {
@@ -109,14 +110,23 @@ impl System {
             .append(true)
             .open(self.dir.path().join(format!("instance-{i}.log")))
             .map_err(|e| e.to_string())?;
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        command
             .args(["serve", "--bind", &format!("127.0.0.1:{}", self.ports[i])])
             .env("DATABASE_URL", &self.database_url)
             .env("PLAN_INTAKE_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| e.to_string())?;
+            .stderr(log);
+        // SAFETY: only prctl(2), async-signal-safe, between fork and exec:
+        // an instance dies with the soak, whatever ends it.
+        unsafe {
+            use std::os::unix::process::CommandExt as _;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| e.to_string())?;
         if let Ok(mut instances) = self.instances.lock() {
             instances[i] = Some(child);
         }
@@ -129,6 +139,17 @@ impl System {
         while Instant::now() < until {
             if ready(self.ports[i]) {
                 return Ok(());
+            }
+            let exited = self.instances.lock().ok().and_then(|mut all| {
+                all[i]
+                    .as_mut()
+                    .and_then(|child| child.try_wait().ok().flatten())
+            });
+            if let Some(status) = exited {
+                return Err(format!(
+                    "instance {i} exited before it was ready ({status}); its log: {}",
+                    self.dir.path().join(format!("instance-{i}.log")).display()
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -151,15 +172,37 @@ impl System {
     /// kill -9, then started again.
     pub fn kill_9(&self, i: usize) -> Result<(), String> {
         self.signal(i, libc::SIGKILL);
-        self.reap(i);
+        if let Some(status) = self.reap(i) {
+            use std::os::unix::process::ExitStatusExt as _;
+            if status.signal() != Some(libc::SIGKILL) {
+                self.crashed(format!("instance {i} had ended ({status}) before kill -9"));
+            }
+        }
         self.start_instance(i)
     }
 
     /// SIGTERM (the graceful stop), then started again.
     pub fn restart(&self, i: usize) -> Result<(), String> {
         self.signal(i, libc::SIGTERM);
-        self.reap(i);
+        if let Some(status) = self.reap(i)
+            && !status.success()
+        {
+            self.crashed(format!(
+                "instance {i}'s graceful stop ended {status}, not 0"
+            ));
+        }
         self.start_instance(i)
+    }
+
+    fn crashed(&self, what: String) {
+        if let Ok(mut crashes) = self.crashes.lock() {
+            crashes.push(what);
+        }
+    }
+
+    /// Every instance that ended otherwise than the nemesis ended it.
+    pub fn crashes(&self) -> Vec<String> {
+        self.crashes.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
     pub fn pause(&self, i: usize) {
@@ -170,11 +213,9 @@ impl System {
         self.signal(i, libc::SIGCONT);
     }
 
-    fn reap(&self, i: usize) {
+    fn reap(&self, i: usize) -> Option<std::process::ExitStatus> {
         let child = self.instances.lock().ok().and_then(|mut all| all[i].take());
-        if let Some(mut child) = child {
-            let _ = child.wait();
-        }
+        child.and_then(|mut child| child.wait().ok())
     }
 
     /// Every instance running and ready.
@@ -191,7 +232,8 @@ impl System {
                 })
                 .unwrap_or(true);
             if exited {
-                self.reap(i);
+                let status = self.reap(i);
+                self.crashed(format!("instance {i} was found ended ({status:?})"));
                 self.start_instance(i)?;
             }
             self.await_ready(i, Duration::from_secs(30))?;
@@ -234,11 +276,15 @@ fn psql(url: &str, sql: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+/// `n` distinct ports free now (each held until all are chosen).
+fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// Whether `/readyz` on `port` answers 200 within a second.

@@ -187,8 +187,25 @@ pub fn follower(
         options.drain = true;
         options.wait = Duration::ZERO;
         let never = AtomicBool::new(false);
-        if let Err(e) = plan_intake_client::follow(&client, &options, &never, &mut out) {
-            history.record(json!({"kind": "follower-error", "error": e.to_string()}));
+        // A write a killed instance's backend still holds keeps the feed's
+        // horizon back for a moment: drain again until every stored plan
+        // was handed on, or 30 s.
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Err(e) = plan_intake_client::follow(&client, &options, &never, &mut out) {
+                history.record(json!({"kind": "follower-error", "error": e.to_string()}));
+                break;
+            }
+            let handed = out.iter().filter(|b| **b == b'\n').count();
+            let stored = system
+                .query("SELECT count(*) FROM plans")
+                .ok()
+                .and_then(|rows| rows.first().and_then(|n| n.parse::<usize>().ok()))
+                .unwrap_or(0);
+            if handed >= stored || std::time::Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
         for line in String::from_utf8_lossy(&out).lines() {
             if let Ok(receipt) = serde_json::from_str::<serde_json::Value>(line)
