@@ -386,3 +386,44 @@ fn operations_runs_as_printed() {
     assert!(token.trim().starts_with("pit_"), "{token}");
     assert!(outputs[5].contains("planner-a"), "{}", outputs[5]);
 }
+
+/// The README's first command, `cargo run --release -- serve`, needs one
+/// binary among the workspace's default members: a second one (a tool
+/// crate added to them) makes `cargo run` refuse to choose. Read from
+/// `cargo metadata`, which builds nothing.
+#[test]
+fn cargo_run_has_one_binary_to_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(root)
+        .output()
+        .expect("cargo metadata");
+    assert!(out.status.success(), "{}", said_by(&out));
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let defaults: Vec<&str> = metadata["workspace_default_members"]
+        .as_array()
+        .expect("workspace_default_members")
+        .iter()
+        .filter_map(|id| id.as_str())
+        .collect();
+    let binaries: Vec<String> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter(|package| {
+            package["id"]
+                .as_str()
+                .is_some_and(|id| defaults.contains(&id))
+        })
+        .flat_map(|package| package["targets"].as_array().cloned().unwrap_or_default())
+        .filter(|target| {
+            target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "bin"))
+        })
+        .filter_map(|target| target["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(binaries, ["plan-intake"], "the default members' binaries");
+}
