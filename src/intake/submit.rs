@@ -458,10 +458,24 @@ fn replay_or_refuse(
     row: &ReceiptRow,
 ) -> Result<Accepted, SubmitError> {
     if stored_request_hash == plan.request_hash {
-        accepted(Outcome::Replayed, row)
+        let answer = accepted(Outcome::Replayed, row);
+        #[cfg(feature = "test-seams")]
+        let answer = answer.map(defect_new_receipt_on_replay);
+        answer
     } else {
         Err(SubmitError::KeyReused)
     }
+}
+
+/// Test seam, a known defect for the soak to find: with
+/// `PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY` set, a replay is
+/// answered with a receipt id of its own instead of the stored one.
+#[cfg(feature = "test-seams")]
+fn defect_new_receipt_on_replay(mut accepted: Accepted) -> Accepted {
+    if std::env::var_os("PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY").is_some() {
+        accepted.receipt.receipt_id = format!("rcpt_{:032x}", rand::random::<u128>());
+    }
+    accepted
 }
 
 /// The stored plan's receipt, answered with `outcome`.

@@ -7,24 +7,9 @@
 use crate::support::process::BIN;
 
 fn soak(seed: u64) {
-    if !crate::support::postgres_available() {
+    let Some(outcome) = soak_with(seed, 20, &[]) else {
         return;
-    }
-    let mut server = url::Url::parse(&crate::support::postgres_base_url()).expect("a URL");
-    server.set_path("");
-    // Kept after the run (a failure's evidence): target/soak/.
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/soak");
-    std::fs::create_dir_all(&dir).expect("target/soak");
-    let options = plan_intake_soak::Options {
-        seed,
-        seconds: 20,
-        instances: 2,
-        planners: 3,
-        bin: BIN.into(),
-        postgres: server.as_str().trim_end_matches('/').to_owned(),
-        history: dir.join(format!("history-{seed}.jsonl")),
     };
-    let outcome = plan_intake_soak::run(&options).expect("the soak ran");
     let said = outcome
         .violations
         .iter()
@@ -33,11 +18,7 @@ fn soak(seed: u64) {
         .collect::<Vec<_>>()
         .join("\n");
     eprintln!("{said}");
-    assert!(
-        outcome.violations.is_empty(),
-        "{said}\n(history: {})",
-        options.history.display()
-    );
+    assert!(outcome.violations.is_empty(), "{said}");
     let last = outcome.summary.last().expect("a summary");
     let acknowledged: u64 = last
         .split(", ")
@@ -46,6 +27,41 @@ fn soak(seed: u64) {
         .unwrap_or(0);
     assert!(acknowledged > 100, "{said}");
     assert!(!last.contains(" 0 faults"), "the nemesis struck: {said}");
+}
+
+/// A soak of `seconds` (its history kept in target/soak/); `None` without
+/// Postgres.
+fn soak_with(
+    seed: u64,
+    seconds: u64,
+    instance_env: &[(&str, &str)],
+) -> Option<plan_intake_soak::Outcome> {
+    if !crate::support::postgres_available() {
+        return None;
+    }
+    let mut server = url::Url::parse(&crate::support::postgres_base_url()).expect("a URL");
+    server.set_path("");
+    // Kept after the run (a failure's evidence): target/soak/.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/soak");
+    std::fs::create_dir_all(&dir).expect("target/soak");
+    let options = plan_intake_soak::Options {
+        seed,
+        seconds,
+        instances: 2,
+        planners: 3,
+        bin: BIN.into(),
+        postgres: server.as_str().trim_end_matches('/').to_owned(),
+        history: dir.join(format!("history-{seed}-{}.jsonl", instance_env.len())),
+        instance_env: instance_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    let outcome = plan_intake_soak::run(&options).expect("the soak ran");
+    if !outcome.violations.is_empty() {
+        eprintln!("(history: {})", options.history.display());
+    }
+    Some(outcome)
 }
 
 #[test]
@@ -60,4 +76,27 @@ fn a_short_soak_with_a_random_seed_keeps_every_promise() {
         "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 20 --planners 3)"
     );
     soak(seed);
+}
+
+/// The checker can fail: with a known defect switched on (a replay
+/// answered with a receipt of its own, `test-seams`), a short soak
+/// reports it.
+#[test]
+fn a_soak_finds_a_replay_answered_with_a_new_receipt() {
+    let Some(outcome) = soak_with(
+        11,
+        8,
+        &[("PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY", "1")],
+    ) else {
+        return;
+    };
+    let said = outcome.violations.join("\n");
+    assert!(
+        outcome
+            .violations
+            .iter()
+            .any(|v| v.contains("receipts: {") || v.contains("is not stored")),
+        "the defect found: {said}\n{}",
+        outcome.summary.join("\n")
+    );
 }

@@ -34,6 +34,9 @@ pub struct Options {
     pub postgres: String,
     /// Where the history goes (one JSON line per event).
     pub history: PathBuf,
+    /// More environment for each instance (a test seam's defect switched
+    /// on, to show the checker finds it).
+    pub instance_env: Vec<(String, String)>,
 }
 
 /// What a run found: its violations (one line each, with the seed) and
@@ -64,6 +67,7 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
         options.instances,
         seed,
         options.planners,
+        &options.instance_env,
     )?);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();

@@ -42,6 +42,7 @@ fn main() {
         bin: args.bin,
         postgres: args.postgres,
         history: args.history,
+        instance_env: Vec::new(),
     };
     println!(
         "soak: seed {}, {} s, {} instances",

@@ -18,6 +18,7 @@ pub struct System {
     instances: Mutex<Vec<Option<Child>>>,
     pub planner_tokens: Vec<String>,
     pub reader_token: String,
+    instance_env: Vec<(String, String)>,
     /// Instances that ended otherwise than the nemesis ended them.
     crashes: Mutex<Vec<String>>,
 }
@@ -29,6 +30,7 @@ impl System {
         instances: usize,
         seed: u64,
         planners: usize,
+        instance_env: &[(String, String)],
     ) -> Result<Self, String> {
         if !bin.exists() {
             return Err(format!(
@@ -57,6 +59,7 @@ impl System {
             instances: Mutex::new((0..instances).map(|_| None).collect()),
             planner_tokens: Vec::new(),
             reader_token: String::new(),
+            instance_env: instance_env.to_vec(),
             crashes: Mutex::new(Vec::new()),
         };
         system.cli(&["migrate", "run"])?;
@@ -115,6 +118,7 @@ impl System {
             .args(["serve", "--bind", &format!("127.0.0.1:{}", self.ports[i])])
             .env("DATABASE_URL", &self.database_url)
             .env("PLAN_INTAKE_LOG", "warn")
+            .envs(self.instance_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
         // SAFETY: only prctl(2), async-signal-safe, between fork and exec:
