@@ -152,13 +152,7 @@ pub fn audit(
             read(path, "the checkpoint").map_err(no_lines)?,
         ));
     }
-    let options = PoolOptions {
-        max_size: 1,
-        feed_listener: false,
-        ..PoolOptions::default()
-    };
-    let db = Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
-        .map_err(|e| no_lines(fail(1, crate::report::chain(&e))))?;
+    let db = owner_database(database_url).map_err(no_lines)?;
     let report = receipt_log::audit(&db, &keys, &extra)
         .map_err(|e| no_lines(fail(1, crate::report::chain(&e))))?;
     let mut lines = report.findings.clone();
@@ -188,6 +182,18 @@ pub fn audit(
     }
 }
 
+/// The database as its owner's one-off commands open it: one connection,
+/// no feed listener, nothing migrated (a pending migration refuses).
+fn owner_database(database_url: &str) -> Result<Database, EvidenceError> {
+    let options = PoolOptions {
+        max_size: 1,
+        feed_listener: false,
+        ..PoolOptions::default()
+    };
+    Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
+        .map_err(|e| fail(1, crate::report::chain(&e)))
+}
+
 /// sysexits' EX_TEMPFAIL: try again once every instance is stopped.
 const EXIT_TEMPFAIL: u8 = 75;
 
@@ -196,13 +202,7 @@ const EXIT_TEMPFAIL: u8 = 75;
 /// checkpoint (the stuck-log runbook's mend for a hash row changed by
 /// hand). Without `yes` nothing is written: exit 2, saying what would be.
 pub fn rehash(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
-    let options = PoolOptions {
-        max_size: 1,
-        feed_listener: false,
-        ..PoolOptions::default()
-    };
-    let db = Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
-        .map_err(|e| fail(1, crate::report::chain(&e)))?;
+    let db = owner_database(database_url)?;
     let mut conn = db.conn().map_err(|e| fail(1, crate::report::chain(&e)))?;
     use crate::storage::receipt_log::RewriteError;
     let rewritten = crate::storage::receipt_log::rewrite_hashes(
@@ -236,13 +236,7 @@ pub fn rehash(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
 /// operator to keep. Without `yes`, nothing is changed: exit 2, saying
 /// what would be removed.
 pub fn new_log(database_url: &str, yes: bool) -> Result<String, EvidenceError> {
-    let options = PoolOptions {
-        max_size: 1,
-        feed_listener: false,
-        ..PoolOptions::default()
-    };
-    let db = Database::open(database_url, &options, MigrateOnOpen::RequireNonePending)
-        .map_err(|e| fail(1, crate::report::chain(&e)))?;
+    let db = owner_database(database_url)?;
     let mut conn = db.conn().map_err(|e| fail(1, crate::report::chain(&e)))?;
     let failed = |e: diesel::result::Error| fail(1, crate::report::chain(&e));
     let (leaves, checkpoints, newest) =

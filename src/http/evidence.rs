@@ -40,10 +40,9 @@ pub async fn signing_keys(
     ))]
 pub async fn checkpoint(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     // Public and polled: callers that arrive together share one read.
-    let signed = *state.intake.log_rounds().subscribe().borrow();
     state
         .checkpoint_answer
-        .answer(signed, async {
+        .answer(async {
             newest_checkpoint(&req, &state)
                 .await
                 .unwrap_or_else(|e| actix_web::ResponseError::error_response(&e))
@@ -478,41 +477,19 @@ pub async fn log_tile(
 /// strangers' token lookups. Past it, 503 `busy` with `Retry-After`,
 /// before any connection is taken. Answers from memory (shared
 /// checkpoints, kept full tiles) cost none.
-pub struct PublicReads {
-    state: std::sync::Mutex<(f64, std::time::Instant)>,
-}
+pub struct PublicReads(crate::intake::login::TokenBucket);
 
 impl PublicReads {
     pub const PER_SECOND: f64 = 200.0;
 
-    pub fn new() -> Self {
-        Self {
-            state: std::sync::Mutex::new((Self::PER_SECOND, std::time::Instant::now())),
-        }
-    }
-
     fn try_take(&self) -> bool {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (left, refilled) = &mut *state;
-        let now = std::time::Instant::now();
-        *left = (*left + now.duration_since(*refilled).as_secs_f64() * Self::PER_SECOND)
-            .min(Self::PER_SECOND);
-        *refilled = now;
-        if *left >= 1.0 {
-            *left -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.0.try_take()
     }
 }
 
 impl Default for PublicReads {
     fn default() -> Self {
-        Self::new()
+        Self(crate::intake::login::TokenBucket::new(Self::PER_SECOND))
     }
 }
 

@@ -58,9 +58,8 @@ pub struct AppState {
 /// computes it at a time, and a caller takes an answer whose computation
 /// began after it arrived (so it is never older than the caller's own
 /// read would have been), or, in a crowd (more than `quiet_per_second`
-/// callers this second), one begun within `fresh_for` under the same
-/// `key`. With `fresh_for` zero it only joins callers that arrive
-/// together. A timed-out or unreadable answer is handed to its own caller
+/// callers this second), one begun within `fresh_for`. With `fresh_for`
+/// zero it only joins callers that arrive together. A timed-out or unreadable answer is handed to its own caller
 /// alone, never kept.
 pub(crate) struct SharedAnswer {
     fresh_for: std::time::Duration,
@@ -73,7 +72,6 @@ pub(crate) struct SharedAnswer {
 struct KeptAnswer {
     /// When its computation began.
     began: std::time::Instant,
-    key: u64,
     status: actix_web::http::StatusCode,
     headers: actix_web::http::header::HeaderMap,
     body: actix_web::web::Bytes,
@@ -116,7 +114,7 @@ impl SharedAnswer {
         *count > self.quiet_per_second
     }
 
-    pub(crate) async fn answer<F>(&self, key: u64, make: F) -> HttpResponse
+    pub(crate) async fn answer<F>(&self, make: F) -> HttpResponse
     where
         F: std::future::Future<Output = HttpResponse>,
     {
@@ -125,7 +123,7 @@ impl SharedAnswer {
         let mut last = self.last.lock().await;
         if let Some(kept) = last.as_ref() {
             let joined = kept.began >= arrived;
-            let fresh = crowded && kept.key == key && kept.began.elapsed() < self.fresh_for;
+            let fresh = crowded && kept.began.elapsed() < self.fresh_for;
             if joined || fresh {
                 return kept.response();
             }
@@ -142,7 +140,6 @@ impl SharedAnswer {
         };
         let kept = KeptAnswer {
             began,
-            key,
             status,
             headers,
             body,
@@ -414,9 +411,7 @@ pub async fn readyz(req: actix_web::HttpRequest, state: web::Data<AppState>) -> 
     // strangers costs the database about a dozen rounds a second.
     state
         .strangers_readiness
-        .answer(0, async {
-            answer_of(readiness_answer(&req, &state, false).await)
-        })
+        .answer(async { answer_of(readiness_answer(&req, &state, false).await) })
         .await
 }
 
@@ -500,8 +495,8 @@ mod tests {
     use actix_web::HttpResponse;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Callers at once share one computation; a new key computes again;
-    /// while callers are few, each is answered afresh.
+    /// Callers at once share one computation, reused while fresh in a
+    /// crowd; while callers are few, each is answered afresh.
     #[actix_web::test]
     async fn a_shared_answer_is_made_once_for_every_caller() {
         let shared = SharedAnswer::new(std::time::Duration::from_secs(60), 0);
@@ -519,7 +514,7 @@ mod tests {
             }
         };
         let answers =
-            futures_util::future::join_all((0..20).map(|_| shared.answer(7, make("first")))).await;
+            futures_util::future::join_all((0..20).map(|_| shared.answer(make("first")))).await;
         assert_eq!(made.load(Ordering::SeqCst), 1);
         for answer in answers {
             assert_eq!(
@@ -529,15 +524,16 @@ mod tests {
             let body = actix_web::body::to_bytes(answer.into_body()).await.ok();
             assert_eq!(body.as_deref(), Some(&b"first"[..]));
         }
-        let again = shared.answer(8, make("second")).await;
-        assert_eq!(made.load(Ordering::SeqCst), 2);
+        // A crowd's later caller takes the answer while it is fresh.
+        let again = shared.answer(make("second")).await;
+        assert_eq!(made.load(Ordering::SeqCst), 1);
         let body = actix_web::body::to_bytes(again.into_body()).await.ok();
-        assert_eq!(body.as_deref(), Some(&b"second"[..]));
+        assert_eq!(body.as_deref(), Some(&b"first"[..]));
 
         let quiet = SharedAnswer::new(std::time::Duration::from_secs(60), 3);
         let made_before = made.load(Ordering::SeqCst);
         for _ in 0..5 {
-            let _ = quiet.answer(1, make("quiet")).await;
+            let _ = quiet.answer(make("quiet")).await;
         }
         // Three callers in a quiet second each made it; the two past
         // them reused the last.
@@ -548,7 +544,7 @@ mod tests {
         let never_older = SharedAnswer::new(std::time::Duration::ZERO, 0);
         let made_before = made.load(Ordering::SeqCst);
         for _ in 0..3 {
-            let _ = never_older.answer(1, make("own")).await;
+            let _ = never_older.answer(make("own")).await;
         }
         assert_eq!(made.load(Ordering::SeqCst) - made_before, 3);
     }

@@ -289,7 +289,7 @@ impl KnownLogins {
 /// new login's token is found among them and not turned away; a stranger's
 /// is turned away then, having cost no lookup of its own.
 pub struct StrangerBudget {
-    state: Mutex<(f64, Instant)>,
+    lookups: TokenBucket,
     /// When the last read of every active login began.
     reread_begun: Mutex<Option<Instant>>,
     /// When the last completed read of every active login began.
@@ -316,7 +316,7 @@ impl StrangerBudget {
 
     pub fn new() -> Self {
         Self {
-            state: Mutex::new((Self::PER_SECOND, Instant::now())),
+            lookups: TokenBucket::new(Self::PER_SECOND),
             reread_begun: Mutex::new(None),
             reread_done: tokio::sync::watch::Sender::new(None),
         }
@@ -363,11 +363,32 @@ impl StrangerBudget {
 
     /// Takes one lookup if one is left.
     pub fn try_take(&self) -> bool {
+        self.lookups.try_take()
+    }
+}
+
+/// So many a second, with a second's worth as a burst: the strangers'
+/// lookups, the public evidence's reads.
+pub struct TokenBucket {
+    per_second: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(per_second: f64) -> Self {
+        Self {
+            per_second,
+            state: Mutex::new((per_second, Instant::now())),
+        }
+    }
+
+    /// Takes one if one is left.
+    pub fn try_take(&self) -> bool {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let (tokens, refilled) = &mut *state;
         let now = Instant::now();
-        *tokens = (*tokens + now.duration_since(*refilled).as_secs_f64() * Self::PER_SECOND)
-            .min(Self::PER_SECOND);
+        *tokens = (*tokens + now.duration_since(*refilled).as_secs_f64() * self.per_second)
+            .min(self.per_second);
         *refilled = now;
         if *tokens >= 1.0 {
             *tokens -= 1.0;
