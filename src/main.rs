@@ -109,6 +109,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread and any Postgres connection: OpenSSL's state then
+    // outlives the process's exit, however busy its threads are then.
+    plan_intake::storage::keep_tls_state_past_exit();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // clap's own message, whole: what is wrong, the allowed values, the

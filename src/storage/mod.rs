@@ -55,6 +55,17 @@ pub struct Database {
     barrier: Option<ReplicationBarrier>,
 }
 
+/// Tells OpenSSL (which libpq uses for TLS) not to free its state when the
+/// process exits. By default it does so in an atexit handler, which runs
+/// while pool, batch and listener threads may still be inside libpq: a
+/// stopping service then died of SIGSEGV in `OPENSSL_cleanup` instead of
+/// exiting 0. Idempotent; it takes effect only before OpenSSL's first use,
+/// so `main` calls it first, and every `Database::open` and scratch schema
+/// (the tests' first connections) again.
+pub fn keep_tls_state_past_exit() {
+    openssl_sys::init();
+}
+
 impl Database {
     /// Connects once outside the pool (so a failure shows the server's own
     /// words), optionally applies pending migrations on that connection, then
@@ -64,6 +75,7 @@ impl Database {
         options: &PoolOptions,
         migrate: MigrateOnOpen,
     ) -> Result<Self, StorageError> {
+        keep_tls_state_past_exit();
         let target = DatabaseTarget::parse(url)?;
         let backend = target.backend();
         if let DatabaseTarget::Sqlite(path) = &target

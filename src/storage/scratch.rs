@@ -24,6 +24,7 @@ impl ScratchSchema {
             std::process::id(),
             rand::random::<u32>()
         );
+        super::keep_tls_state_past_exit();
         let mut admin = PgConnection::establish(admin_url).map_err(|e| {
             StorageError::unavailable("cannot connect to create a scratch schema", e)
         })?;

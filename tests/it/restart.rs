@@ -230,3 +230,104 @@ fn a_restart_through_the_socket_systemd_holds_refuses_nothing(scratch: TestDb) {
 }
 
 crate::on_both_backends_sync!(a_restart_through_the_socket_systemd_holds_refuses_nothing);
+
+/// A stopping service never frees OpenSSL's state under its own threads.
+/// libpq speaks TLS through OpenSSL, whose default atexit handler
+/// (`OPENSSL_cleanup`) frees that state while pool, batch and listener
+/// threads may still be inside libpq: on a busy machine 2 of 150 runs of
+/// the restart above ended in SIGSEGV there instead of exit 0. A crash that
+/// rare is shown here the sure way: the service runs under gdb with a
+/// breakpoint on `OPENSSL_cleanup`, its sessions to Postgres are over TLS,
+/// and SIGTERM ends it with exit 0 and the breakpoint never reached.
+#[test]
+fn a_stopping_service_leaves_openssl_alone_at_exit() {
+    use std::io::{BufRead as _, Read as _};
+    use std::process::Stdio;
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let schema = scratch.schema.clone().expect("a scratch schema");
+    let url = scratch.postgres_url_with(&[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = dir.path().join("receipts.key");
+    let key = key.to_str().expect("path");
+    let made =
+        crate::support::process::run_cli_at(&url, &["signing-keys", "generate", "--out", key]);
+    assert!(made.status.success(), "{made:?}");
+    let mut gdb = Command::new("gdb")
+        .args(["-q", "-batch", "-nx"])
+        .args(["-ex", "set breakpoint pending on"])
+        .args(["-ex", "handle SIGTERM nostop noprint pass"])
+        .args(["-ex", "break OPENSSL_cleanup"])
+        .args(["-ex", "run"])
+        .args(["-ex", "bt 4"])
+        .args(["--args", crate::support::process::BIN, "serve"])
+        .args(["--bind", "127.0.0.1:0", "--signing-key", key])
+        .env("DATABASE_URL", &url)
+        .env("PLAN_INTAKE_LOG", "plan_intake=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdb (apt-get install gdb)");
+    let mut said = String::new();
+    let mut stdout = gdb.stdout.take().expect("stdout");
+    let gdb_said = std::thread::spawn(move || {
+        let _ = stdout.read_to_string(&mut said);
+        said
+    });
+    let mut lines = std::io::BufReader::new(gdb.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the service under gdb ended before listening")
+            .expect("a line");
+        if let Some((_, rest)) = line.split_once("listening addr=") {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+        }
+    };
+    let stderr_rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let over_tls = Command::new("psql")
+        .arg(crate::support::postgres_base_url())
+        .args([
+            "-Atc",
+            &format!(
+                "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a
+               JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{schema}'"
+            ),
+        ])
+        .output()
+        .expect("psql");
+    let over_tls = String::from_utf8_lossy(&over_tls.stdout).trim().to_owned();
+    let (tls, all) = over_tls.split_once('|').expect("two counts");
+    assert!(
+        all != "0" && tls == all,
+        "the service's sessions are not all over TLS ({tls} of {all}): this test needs a Postgres with ssl = on (Debian's default)"
+    );
+    // A request through the pool, so its threads have used their sessions.
+    let agent = crate::support::process::client();
+    let (status, _) = crate::support::process::get(&agent, &addr, "-", "/v1/signing-keys");
+    assert_eq!(status, 200);
+    let service = Command::new("pgrep")
+        .args(["-P", &gdb.id().to_string(), "-x", "plan-intake"])
+        .output()
+        .expect("pgrep");
+    let service = String::from_utf8_lossy(&service.stdout).trim().to_owned();
+    assert!(!service.is_empty(), "the service runs under gdb");
+    let sent = Command::new("kill")
+        .args(["-TERM", &service])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    // gdb's own status says nothing: `bt` fails when the process is gone.
+    wait_with_deadline(&mut gdb, "gdb");
+    stderr_rest.join().expect("stderr");
+    let said = gdb_said.join().expect("gdb's output");
+    assert!(
+        !said.contains("OPENSSL_cleanup ()") && said.contains("exited normally"),
+        "the service ran OpenSSL's exit cleanup, or did not exit 0:\n{said}"
+    );
+}
