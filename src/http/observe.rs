@@ -68,6 +68,14 @@ pub async fn observe(
             extensions.get::<LoggedKey>().map(|k| k.0.clone()),
         )
     };
+    // What the caller was told to wait: a 503 or 429 without it is a
+    // defect the soak looks for in these lines.
+    let retry_after = res
+        .headers()
+        .get(actix_web::http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
     tracing::info!(
         request_id = %request_id,
         method = %method,
@@ -76,6 +84,7 @@ pub async fn observe(
         latency_ms = elapsed.as_secs_f64() * 1000.0,
         maker = maker.as_deref().unwrap_or("-"),
         idempotency_key = key.as_deref().unwrap_or("-"),
+        retry_after = %retry_after,
         "request"
     );
     if let Some(state) = state {

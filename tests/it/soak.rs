@@ -7,7 +7,7 @@
 use crate::support::process::BIN;
 
 fn soak(seed: u64) {
-    let Some(outcome) = soak_with(seed, 20, &[]) else {
+    let Some(outcome) = soak_with(seed, 20, &[], &[]) else {
         return;
     };
     let said = outcome
@@ -34,7 +34,8 @@ fn soak(seed: u64) {
 fn soak_with(
     seed: u64,
     seconds: u64,
-    instance_env: &[(&str, &str)],
+    env: &[(&str, &str)],
+    faults: &[&str],
 ) -> Option<plan_intake_soak::Outcome> {
     if !crate::support::postgres_available() {
         return None;
@@ -51,11 +52,16 @@ fn soak_with(
         planners: 3,
         bin: BIN.into(),
         postgres: server.as_str().trim_end_matches('/').to_owned(),
-        history: dir.join(format!("history-{seed}-{}.jsonl", instance_env.len())),
-        instance_env: instance_env
+        history: dir.join(format!(
+            "history-{seed}-{}-{}.jsonl",
+            env.len(),
+            faults.len()
+        )),
+        env: env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
+        faults: faults.iter().map(|f| (*f).to_owned()).collect(),
     };
     let outcome = plan_intake_soak::run(&options).expect("the soak ran");
     if !outcome.violations.is_empty() {
@@ -87,6 +93,7 @@ fn a_soak_finds_a_replay_answered_with_a_new_receipt() {
         11,
         8,
         &[("PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY", "1")],
+        &[],
     ) else {
         return;
     };
@@ -96,6 +103,30 @@ fn a_soak_finds_a_replay_answered_with_a_new_receipt() {
             .violations
             .iter()
             .any(|v| v.contains("receipts: {") || v.contains("is not stored")),
+        "the defect found: {said}\n{}",
+        outcome.summary.join("\n")
+    );
+}
+
+/// The checker can fail: with a reader's cursor saved before its page is
+/// handed on (`test-seams`), a reader killed while its consumer works on a
+/// page loses that page, and a short soak of reader kills reports it.
+#[test]
+fn a_soak_finds_a_cursor_saved_before_its_page() {
+    let Some(outcome) = soak_with(
+        13,
+        12,
+        &[("PLAN_INTAKE_TEST_DEFECT_CURSOR_BEFORE_PAGE", "1")],
+        &["kill -9 of a reader"],
+    ) else {
+        return;
+    };
+    let said = outcome.violations.join("\n");
+    assert!(
+        outcome
+            .violations
+            .iter()
+            .any(|v| v.contains("reader exec handed on") && v.contains(" missing")),
         "the defect found: {said}\n{}",
         outcome.summary.join("\n")
     );

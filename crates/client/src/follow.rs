@@ -290,6 +290,8 @@ pub fn follow(
         let Some(proven) = run.prove(&proof, &page)? else {
             return Ok(done);
         };
+        #[cfg(feature = "test-seams")]
+        defect_cursor_saved_before_page(options, &page, &lines_of_proof(&proven))?;
         if !run.hand_on(&page, cursor.as_ref(), out)? {
             return Ok(done);
         }
@@ -300,6 +302,21 @@ pub fn follow(
             return Ok(done);
         }
     }
+}
+
+/// Test seam, a known defect for the soak to find: with
+/// `PLAN_INTAKE_TEST_DEFECT_CURSOR_BEFORE_PAGE` set, a page's cursor is
+/// saved before the page is handed on, so a crash in between loses it.
+#[cfg(feature = "test-seams")]
+fn defect_cursor_saved_before_page(
+    options: &FollowOptions,
+    page: &Page,
+    proof: &str,
+) -> Result<(), FollowError> {
+    if std::env::var_os("PLAN_INTAKE_TEST_DEFECT_CURSOR_BEFORE_PAGE").is_some() {
+        save_cursor(&options.cursor_file, &page.next, proof)?;
+    }
+    Ok(())
 }
 
 impl Followed {

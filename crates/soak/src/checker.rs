@@ -6,6 +6,38 @@ use std::collections::{HashMap, HashSet};
 use crate::history::History;
 use crate::system::System;
 
+/// What the summary says besides the faults: each reader's count, its
+/// kills and repeats, and the answers the instances gave by status.
+pub fn notes(system: &System) -> Vec<String> {
+    let mut notes = Vec::new();
+    for reader in &system.readers {
+        let (handed, torn) = reader.handed_on();
+        let unique: HashSet<&String> = handed.iter().collect();
+        notes.push(format!(
+            "soak: reader {}: {} receipts handed on, {} again after {} kills ({torn} torn lines)",
+            reader.name,
+            unique.len(),
+            handed.len() - unique.len(),
+            reader.kills.lock().map(|k| *k).unwrap_or(0)
+        ));
+    }
+    let mut statuses: std::collections::BTreeMap<u64, usize> = Default::default();
+    for line in system.request_lines() {
+        *statuses
+            .entry(line["status"].as_u64().unwrap_or(0))
+            .or_default() += 1;
+    }
+    notes.push(format!(
+        "soak: answers by status: {}",
+        statuses
+            .iter()
+            .map(|(status, n)| format!("{status} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    notes
+}
+
 pub fn check(
     system: &System,
     history: &History,
@@ -93,10 +125,86 @@ pub fn check(
             if missing + not_in_feed + repeated == 0 { ", out of order" } else { "" }
         ));
     }
+    // Every submit ends within its stated time (a little for the clock).
+    for event in &submits {
+        if let (Some(took), Some(timeout)) = (event["took_s"].as_f64(), event["timeout_s"].as_f64())
+            && took > timeout + 1.0
+        {
+            violations.push(format!(
+                "a submit of {} took {took:.1} s, past its {timeout} s",
+                event["key"]
+            ));
+        }
+    }
+    // The readers (processes, killed and started again): each handed on
+    // the whole feed in its order, a page again only after a kill.
+    for reader in &system.readers {
+        let (handed, torn) = reader.handed_on();
+        let kills = reader.kills.lock().map(|k| *k).unwrap_or(0);
+        let mut seen = HashSet::new();
+        let first: Vec<&String> = handed.iter().filter(|id| seen.insert(*id)).collect();
+        let repeated = handed.len() - first.len();
+        if first
+            .iter()
+            .map(|id| id.as_str())
+            .ne(feed.iter().map(String::as_str))
+        {
+            let in_feed: HashSet<&String> = feed.iter().collect();
+            let missing = feed.iter().filter(|id| !seen.contains(id)).count();
+            let not_in_feed = first.iter().filter(|id| !in_feed.contains(*id)).count();
+            violations.push(format!(
+                "reader {} handed on {} receipts, the feed holds {}: {missing} missing, {not_in_feed} not in the feed{}",
+                reader.name,
+                first.len(),
+                feed.len(),
+                if missing + not_in_feed == 0 { ", out of order" } else { "" }
+            ));
+        }
+        // A kill repeats at most the page in hand (100 receipts).
+        if repeated > kills as usize * 100 || (torn > 0 && kills == 0) {
+            violations.push(format!(
+                "reader {} repeated {repeated} receipts ({torn} torn lines) after {kills} kills",
+                reader.name
+            ));
+        }
+        if let Ok(exits) = reader.exits.lock() {
+            violations.extend(exits.iter().cloned());
+        }
+    }
+    // Every answer the instances logged: no 5xx but 503, and every 503
+    // and 429 says when to come back.
+    for line in system.request_lines() {
+        let status = line["status"].as_u64().unwrap_or(0);
+        let told = line["retry_after"].as_str().unwrap_or("-");
+        if status >= 500 && status != 503 {
+            violations.push(format!(
+                "instance {} answered {status}: {line}",
+                line["instance"]
+            ));
+        } else if (status == 503 || status == 429) && told == "-" {
+            violations.push(format!(
+                "instance {} answered {status} without Retry-After: {line}",
+                line["instance"]
+            ));
+        }
+    }
     for error in history.of_kind("follower-error") {
         violations.push(format!("the follower stopped: {}", error["error"]));
     }
     violations.extend(system.crashes());
+    // The evidence holds at the end: the log recomputed from the tables
+    // under the pinned keys, and the schema as shipped.
+    let keys = system.keys.display().to_string();
+    for args in [vec!["audit", "--keys", keys.as_str()], vec!["verify"]] {
+        if let (code, said) = system.cli_status(&args)
+            && code != Some(0)
+        {
+            violations.push(format!(
+                "plan-intake {} at the end ended {code:?}: {said}",
+                args.join(" ")
+            ));
+        }
+    }
     for fault in history.of_kind("fault") {
         if let Some(error) = fault["error"].as_str() {
             violations.push(format!("after {}: {error}", fault["fault"]));

@@ -10,6 +10,7 @@
 mod checker;
 mod history;
 mod nemesis;
+mod readers;
 mod system;
 mod workload;
 
@@ -34,9 +35,13 @@ pub struct Options {
     pub postgres: String,
     /// Where the history goes (one JSON line per event).
     pub history: PathBuf,
-    /// More environment for each instance (a test seam's defect switched
-    /// on, to show the checker finds it).
-    pub instance_env: Vec<(String, String)>,
+    /// More environment for every process it starts, instances and
+    /// readers (a test seam's defect switched on, to show the checker
+    /// finds it).
+    pub env: Vec<(String, String)>,
+    /// The nemesis's kinds to draw from (`nemesis::kinds`); every kind
+    /// when empty.
+    pub faults: Vec<String>,
 }
 
 /// What a run found: its violations (one line each, with the seed) and
@@ -57,8 +62,20 @@ impl Drop for Release {
     }
 }
 
+pub use nemesis::kinds as fault_kinds;
+
 /// Runs the soak; `Err` when it could not run at all.
 pub fn run(options: &Options) -> Result<Outcome, String> {
+    if let Some(unknown) = options
+        .faults
+        .iter()
+        .find(|f| !nemesis::kinds().contains(&f.as_str()))
+    {
+        return Err(format!(
+            "no fault {unknown:?}: the kinds are {}",
+            nemesis::kinds().join(", ")
+        ));
+    }
     let seed = options.seed;
     let history = Arc::new(history::History::create(&options.history)?);
     let system = Arc::new(system::System::start(
@@ -67,7 +84,7 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
         options.instances,
         seed,
         options.planners,
-        &options.instance_env,
+        &options.env,
     )?);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -82,20 +99,27 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
         history.clone(),
         seed,
         started + Duration::from_secs(options.seconds),
+        &options.faults,
     );
     stop.store(true, Ordering::Relaxed);
     let mut acknowledged = 0;
     for planner in planners {
         acknowledged += planner.join().map_err(|_| "a planner panicked")?;
     }
+    history.record(serde_json::json!({"kind": "phase", "phase": "workload over"}));
     system.all_up()?;
     drain.store(true, Ordering::Relaxed);
     let followed = follower.join().map_err(|_| "the follower panicked")?;
+    history.record(serde_json::json!({"kind": "phase", "phase": "follower drained"}));
+    system.finish_readers();
+    history.record(serde_json::json!({"kind": "phase", "phase": "readers drained"}));
     let violations: Vec<String> = checker::check(&system, &history, &followed)?
         .into_iter()
         .map(|violation| format!("violation: seed {seed}: {violation}"))
         .collect();
+    history.record(serde_json::json!({"kind": "phase", "phase": "checked"}));
     let mut summary = faults.recovery_lines();
+    summary.extend(checker::notes(&system));
     summary.push(format!(
         "soak: seed {seed}, {} s, {acknowledged} acknowledgements, {} faults of {} kinds, {} violations",
         started.elapsed().as_secs(),

@@ -27,6 +27,11 @@ struct Args {
     /// The Postgres server (a database of the soak's own is made on it)
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     postgres: String,
+    /// Only these kinds of fault, comma-separated (every kind when not
+    /// given): kill -9, SIGSTOP, graceful restart, kill -9 of a reader,
+    /// logins rotate, keys prune, migrate run, audit, verify
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
     /// Where the history goes (one JSON line per event)
     #[arg(long, default_value = "target/soak-history.jsonl")]
     history: PathBuf,
@@ -42,7 +47,8 @@ fn main() {
         bin: args.bin,
         postgres: args.postgres,
         history: args.history,
-        instance_env: Vec::new(),
+        env: Vec::new(),
+        faults: args.faults,
     };
     println!(
         "soak: seed {}, {} s, {} instances",

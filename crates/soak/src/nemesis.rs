@@ -1,8 +1,12 @@
-//! The nemesis: until the end of the run, every 1-4 s, one fault drawn at
-//! random on an instance drawn at random: kill -9 (started again), a
-//! SIGSTOP of 1-5 s (a long GC pause, a frozen VM: its transactions and
-//! key rows held meanwhile), or a graceful restart. Each is recorded with
-//! how long the instance took to answer `/readyz` again.
+//! The nemesis: until the end of the run, every 1-4 s, one step drawn at
+//! random (`KINDS`): on an instance drawn at random, kill -9 (started
+//! again), a SIGSTOP of 1-5 s (a long GC pause, a frozen VM: its
+//! transactions and key rows held meanwhile) or a graceful restart; kill -9
+//! of a reader (started again); or the routine, on the live system:
+//! `logins rotate` of a planner's login while it sends, `keys prune`,
+//! `migrate run`, `audit` and `verify`, each of which must succeed. Each is
+//! recorded with how long until its instance answered `/readyz` again (a
+//! command: how long it took).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,26 +55,85 @@ impl Faults {
     }
 }
 
-pub fn run(system: Arc<System>, history: Arc<History>, seed: u64, until: Instant) -> Faults {
+/// What the nemesis draws from, with weights: faults of an instance,
+/// a reader killed, and the routine an operator runs on a live system.
+const KINDS: [(&str, u32); 9] = [
+    ("kill -9", 20),
+    ("SIGSTOP", 20),
+    ("graceful restart", 20),
+    ("kill -9 of a reader", 15),
+    ("logins rotate", 8),
+    ("keys prune", 5),
+    ("migrate run", 4),
+    ("audit", 4),
+    ("verify", 4),
+];
+
+/// The kinds the nemesis knows, for `--faults`.
+pub fn kinds() -> Vec<&'static str> {
+    KINDS.iter().map(|(kind, _)| *kind).collect()
+}
+
+/// Runs until `until`, drawing from `only` (every kind when empty).
+pub fn run(
+    system: Arc<System>,
+    history: Arc<History>,
+    seed: u64,
+    until: Instant,
+    only: &[String],
+) -> Faults {
+    let kinds: Vec<(&str, u32)> = KINDS
+        .iter()
+        .filter(|(kind, _)| only.is_empty() || only.iter().any(|o| o == kind))
+        .copied()
+        .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut faults = Faults {
         recovered: BTreeMap::new(),
     };
+    let total: u32 = kinds.iter().map(|(_, w)| w).sum::<u32>().max(1);
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.random_range(1_000..4_000)));
+        if let Err(error) = system.keep_readers_running() {
+            history.record(json!({"kind": "fault", "fault": "reader start", "error": error}));
+        }
         if Instant::now() >= until {
             break;
         }
         let instance = rng.random_range(0..system.count());
-        let kind = match rng.random_range(0..3) {
-            0 => "kill -9",
-            1 => "SIGSTOP",
-            _ => "graceful restart",
-        };
+        let mut draw = rng.random_range(0..total);
+        let kind = kinds
+            .iter()
+            .find(|(_, weight)| {
+                if draw < *weight {
+                    true
+                } else {
+                    draw -= weight;
+                    false
+                }
+            })
+            .map_or("kill -9", |(kind, _)| *kind);
         let paused = Duration::from_millis(rng.random_range(1_000..5_000));
+        let reader = rng.random_range(0..system.readers.len().max(1));
+        let planner = rng.random_range(
+            0..system
+                .planner_tokens
+                .lock()
+                .map(|t| t.len())
+                .unwrap_or(1)
+                .max(1),
+        );
         history
             .record(json!({"kind": "fault", "fault": kind, "instance": instance, "begins": true}));
         let began = Instant::now();
+        let keys = system.keys.display().to_string();
+        let routine = |args: &[&str]| match system.cli_status(args) {
+            (Some(0), _) => Ok(()),
+            (code, said) => Err(format!(
+                "plan-intake {} ended {code:?}: {said}",
+                args.join(" ")
+            )),
+        };
         let done = match kind {
             "kill -9" => system.kill_9(instance),
             "SIGSTOP" => {
@@ -79,7 +142,13 @@ pub fn run(system: Arc<System>, history: Arc<History>, seed: u64, until: Instant
                 system.resume(instance);
                 system.await_ready(instance, Duration::from_secs(30))
             }
-            _ => system.restart(instance),
+            "graceful restart" => system.restart(instance),
+            "kill -9 of a reader" => system.kill_reader(reader),
+            "logins rotate" => system.rotate_planner(planner),
+            "keys prune" => routine(&["keys", "prune", "--older-than", "30d"]),
+            "migrate run" => routine(&["migrate", "run"]),
+            "audit" => routine(&["audit", "--keys", &keys]),
+            _ => routine(&["verify"]),
         };
         let took = began.elapsed();
         history.record(json!({

@@ -16,9 +16,17 @@ pub struct System {
     dir: tempfile::TempDir,
     ports: Vec<u16>,
     instances: Mutex<Vec<Option<Child>>>,
-    pub planner_tokens: Vec<String>,
+    /// Each planner's current token (`logins rotate` replaces it).
+    pub planner_tokens: Mutex<Vec<String>>,
     pub reader_token: String,
-    instance_env: Vec<(String, String)>,
+    /// The signing key every instance signs with, and the public keys as
+    /// `GET /v1/signing-keys` lists them (pinned by the verifying reader
+    /// and `audit`).
+    signing_key: PathBuf,
+    pub keys: PathBuf,
+    /// More environment for every process the soak starts.
+    pub env: Vec<(String, String)>,
+    pub readers: Vec<crate::readers::Reader>,
     /// Instances that ended otherwise than the nemesis ended them.
     crashes: Mutex<Vec<String>>,
 }
@@ -30,7 +38,7 @@ impl System {
         instances: usize,
         seed: u64,
         planners: usize,
-        instance_env: &[(String, String)],
+        env: &[(String, String)],
     ) -> Result<Self, String> {
         if !bin.exists() {
             return Err(format!(
@@ -57,9 +65,12 @@ impl System {
             dir,
             ports,
             instances: Mutex::new((0..instances).map(|_| None).collect()),
-            planner_tokens: Vec::new(),
+            planner_tokens: Mutex::new(Vec::new()),
             reader_token: String::new(),
-            instance_env: instance_env.to_vec(),
+            signing_key: PathBuf::new(),
+            keys: PathBuf::new(),
+            env: env.to_vec(),
+            readers: Vec::new(),
             crashes: Mutex::new(Vec::new()),
         };
         system.cli(&["migrate", "run"])?;
@@ -71,12 +82,29 @@ impl System {
                 "--permission",
                 "plans:submit",
             ])?;
-            system.planner_tokens.push(token);
+            if let Ok(mut tokens) = system.planner_tokens.lock() {
+                tokens.push(token);
+            }
         }
+        system.signing_key = system.dir.path().join("receipts.key");
+        let key = system.signing_key.display().to_string();
+        system.cli(&["signing-keys", "generate", "--out", &key])?;
         system.reader_token =
             system.cli(&["logins", "add", "orders", "--permission", "receipts:read"])?;
         for i in 0..instances {
             system.start_instance(i)?;
+        }
+        system.keys = system.dir.path().join("keys.json");
+        let keys = http_get(system.ports[0], "/v1/signing-keys")?;
+        std::fs::write(&system.keys, keys).map_err(|e| e.to_string())?;
+        system.readers = crate::readers::Reader::all(system.dir.path(), &system.keys);
+        for reader in &system.readers {
+            reader.start(
+                &system.bin,
+                &system.urls(),
+                &system.reader_token,
+                &system.env,
+            )?;
         }
         Ok(system)
     }
@@ -107,6 +135,99 @@ impl System {
         format!("http://127.0.0.1:{}", self.ports[i])
     }
 
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.count()).map(|i| self.url(i)).collect()
+    }
+
+    /// Planner `p`'s current token.
+    pub fn planner_token(&self, p: usize) -> String {
+        self.planner_tokens
+            .lock()
+            .map(|tokens| tokens[p].clone())
+            .unwrap_or_default()
+    }
+
+    /// `logins rotate` of planner `p`'s login while it sends: the new
+    /// token is used from now on; requests in flight with the old one are
+    /// still taken (its grace period).
+    pub fn rotate_planner(&self, p: usize) -> Result<(), String> {
+        let token = self.cli(&["logins", "rotate", &format!("planner-{p}")])?;
+        if let Ok(mut tokens) = self.planner_tokens.lock() {
+            tokens[p] = token;
+        }
+        Ok(())
+    }
+
+    /// kill -9 of reader `r`, then started again.
+    pub fn kill_reader(&self, r: usize) -> Result<(), String> {
+        self.readers[r].kill_9(&self.bin, &self.urls(), &self.reader_token, &self.env)
+    }
+
+    /// Readers that ended on their own are noted and started again.
+    pub fn keep_readers_running(&self) -> Result<(), String> {
+        for reader in &self.readers {
+            if reader.ended_on_its_own() {
+                reader.start(&self.bin, &self.urls(), &self.reader_token, &self.env)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every reader stopped (SIGTERM) and drained to the feed's end.
+    pub fn finish_readers(&self) {
+        let stored = || {
+            self.query("SELECT count(*) FROM plans")
+                .ok()
+                .and_then(|rows| rows.first().and_then(|n| n.parse::<usize>().ok()))
+                .unwrap_or(0)
+        };
+        for reader in &self.readers {
+            reader.finish(
+                &self.bin,
+                &self.urls(),
+                &self.reader_token,
+                &self.env,
+                stored,
+            );
+        }
+    }
+
+    /// Every request line the instances logged (JSON), across restarts.
+    pub fn request_lines(&self) -> Vec<serde_json::Value> {
+        let mut lines = Vec::new();
+        for i in 0..self.count() {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("instance-{i}.log")))
+                .unwrap_or_default();
+            for line in text.lines() {
+                if let Ok(mut event) = serde_json::from_str::<serde_json::Value>(line)
+                    && event["message"] == "request"
+                {
+                    event["instance"] = serde_json::json!(i);
+                    lines.push(event);
+                }
+            }
+        }
+        lines
+    }
+
+    /// Runs the CLI: its exit code and stderr (for `audit`, `verify`,
+    /// `keys prune`, `migrate run` while the system runs).
+    pub fn cli_status(&self, args: &[&str]) -> (Option<i32>, String) {
+        match Command::new(&self.bin)
+            .args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("PLAN_INTAKE_LOG", "warn")
+            .stdout(Stdio::null())
+            .output()
+        {
+            Ok(out) => (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            ),
+            Err(e) => (None, e.to_string()),
+        }
+    }
+
     fn start_instance(&self, i: usize) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -116,9 +237,13 @@ impl System {
         let mut command = Command::new(&self.bin);
         command
             .args(["serve", "--bind", &format!("127.0.0.1:{}", self.ports[i])])
+            .arg("--signing-key")
+            .arg(&self.signing_key)
+            .args(["--log-format", "json"])
             .env("DATABASE_URL", &self.database_url)
-            .env("PLAN_INTAKE_LOG", "warn")
-            .envs(self.instance_env.iter().map(|(k, v)| (k, v)))
+            // Every request line (its status and Retry-After), for the checker.
+            .env("PLAN_INTAKE_LOG", "warn,plan_intake::http::observe=info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
         // SAFETY: only prctl(2), async-signal-safe, between fork and exec:
@@ -254,6 +379,9 @@ impl System {
 
 impl Drop for System {
     fn drop(&mut self) {
+        for reader in &self.readers {
+            reader.kill();
+        }
         for i in 0..self.count() {
             self.resume(i);
             self.signal(i, libc::SIGKILL);
@@ -289,6 +417,26 @@ fn free_ports(n: usize) -> Result<Vec<u16>, String> {
     held.iter()
         .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()))
         .collect()
+}
+
+/// The body of `GET path` on `port` (200 only).
+fn http_get(port: u16, path: &str) -> Result<String, String> {
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    match answer.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
+        _ => Err(format!("GET {path}: {answer}")),
+    }
 }
 
 /// Whether `/readyz` on `port` answers 200 within a second.

@@ -47,7 +47,8 @@ fn send(
         timeout: Duration::from_secs(30),
         ..SubmitOptions::default()
     };
-    let answer = Client::new(&system.url(instance), &system.planner_tokens[planner])
+    let began = std::time::Instant::now();
+    let answer = Client::new(&system.url(instance), &system.planner_token(planner))
         .map_err(|e| e.to_string())
         .and_then(|client| {
             client
@@ -61,7 +62,9 @@ fn send(
         "why": why,
         "key": sent.key,
         "run_id": sent.run_id,
+        "timeout_s": options.timeout.as_secs_f64(),
     });
+    event["took_s"] = json!(began.elapsed().as_secs_f64());
     match answer {
         Ok(submitted) => {
             event["outcome"] = json!(submitted.outcome.to_string());
@@ -85,7 +88,8 @@ pub fn planners(
     stop: Arc<AtomicBool>,
     seed: u64,
 ) -> Vec<JoinHandle<usize>> {
-    (0..system.planner_tokens.len())
+    let planners = system.planner_tokens.lock().map(|t| t.len()).unwrap_or(0);
+    (0..planners)
         .map(|planner| {
             let (system, history, stop) = (system.clone(), history.clone(), stop.clone());
             std::thread::spawn(move || {
