@@ -6,8 +6,8 @@
 
 use crate::support::process::BIN;
 
-fn soak(seed: u64) {
-    let Some(outcome) = soak_with(seed, 20, &[], &[]) else {
+fn soak(seed: u64, sqlite: bool) {
+    let Some(outcome) = soak_with(seed, 20, &[], &[], sqlite) else {
         return;
     };
     let said = outcome
@@ -36,8 +36,9 @@ fn soak_with(
     seconds: u64,
     env: &[(&str, &str)],
     faults: &[&str],
+    sqlite: bool,
 ) -> Option<plan_intake_soak::Outcome> {
-    if !crate::support::postgres_available() {
+    if !sqlite && !crate::support::postgres_available() {
         return None;
     }
     let mut server = url::Url::parse(&crate::support::postgres_base_url()).expect("a URL");
@@ -51,11 +52,12 @@ fn soak_with(
         instances: 2,
         planners: 3,
         bin: BIN.into(),
-        postgres: server.as_str().trim_end_matches('/').to_owned(),
+        postgres: (!sqlite).then(|| server.as_str().trim_end_matches('/').to_owned()),
         history: dir.join(format!(
-            "history-{seed}-{}-{}.jsonl",
+            "history-{seed}-{}-{}{}.jsonl",
             env.len(),
-            faults.len()
+            faults.len(),
+            if sqlite { "-sqlite" } else { "" }
         )),
         env: env
             .iter()
@@ -72,7 +74,14 @@ fn soak_with(
 
 #[test]
 fn a_short_soak_with_a_fixed_seed_keeps_every_promise() {
-    soak(7);
+    soak(7, false);
+}
+
+/// One instance on a SQLite file, under the same planners, readers and
+/// nemesis.
+#[test]
+fn a_short_soak_on_sqlite_keeps_every_promise() {
+    soak(7, true);
 }
 
 #[test]
@@ -81,7 +90,7 @@ fn a_short_soak_with_a_random_seed_keeps_every_promise() {
     eprintln!(
         "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 20 --planners 3)"
     );
-    soak(seed);
+    soak(seed, false);
 }
 
 /// The checker can fail: with a known defect switched on (a replay
@@ -94,6 +103,7 @@ fn a_soak_finds_a_replay_answered_with_a_new_receipt() {
         8,
         &[("PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY", "1")],
         &[],
+        false,
     ) else {
         return;
     };
@@ -118,6 +128,7 @@ fn a_soak_finds_a_cursor_saved_before_its_page() {
         12,
         &[("PLAN_INTAKE_TEST_DEFECT_CURSOR_BEFORE_PAGE", "1")],
         &["kill -9 of a reader"],
+        false,
     ) else {
         return;
     };

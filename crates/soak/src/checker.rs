@@ -100,6 +100,40 @@ pub fn check(
             ));
         }
     }
+    // Other content under a used key: refused, never a receipt.
+    for event in history.of_kind("conflict") {
+        if let Some(receipt) = event["receipt_id"].as_str() {
+            violations.push(format!(
+                "key {} took other content ({}): answered {receipt}",
+                event["key"], event["request_hash"]
+            ));
+        } else if event["refused"] != true {
+            violations.push(format!(
+                "key {} with other content was not refused: {}",
+                event["key"], event["error"]
+            ));
+        }
+    }
+    // Each acknowledged plan is stored as it was sent.
+    let stored_hashes: HashMap<String, String> = system
+        .query("SELECT receipt_id || ' ' || request_hash FROM plans")?
+        .into_iter()
+        .filter_map(|row| {
+            row.split_once(' ')
+                .map(|(id, hash)| (id.to_owned(), hash.to_owned()))
+        })
+        .collect();
+    for event in &submits {
+        if let (Some(receipt), Some(sent)) =
+            (event["receipt_id"].as_str(), event["request_hash"].as_str())
+            && let Some(stored) = stored_hashes.get(receipt)
+            && stored != sent
+        {
+            violations.push(format!(
+                "receipt {receipt} was acknowledged for {sent}, but its plan is stored as {stored}"
+            ));
+        }
+    }
     let mut seen = HashSet::new();
     for receipt in &acknowledged {
         if !seen.insert(receipt) {

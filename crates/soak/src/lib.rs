@@ -31,8 +31,9 @@ pub struct Options {
     pub planners: usize,
     /// The plan-intake binary to run.
     pub bin: PathBuf,
-    /// The Postgres server (a database of the soak's own is made on it).
-    pub postgres: String,
+    /// The Postgres server (a database of the soak's own is made on it);
+    /// `None`: one instance on a SQLite file instead.
+    pub postgres: Option<String>,
     /// Where the history goes (one JSON line per event).
     pub history: PathBuf,
     /// More environment for every process it starts, instances and
@@ -80,8 +81,12 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
     let history = Arc::new(history::History::create(&options.history)?);
     let system = Arc::new(system::System::start(
         &options.bin,
-        &options.postgres,
-        options.instances,
+        options.postgres.as_deref(),
+        if options.postgres.is_some() {
+            options.instances
+        } else {
+            1
+        },
         seed,
         options.planners,
         &options.env,

@@ -32,6 +32,9 @@ struct Args {
     /// logins rotate, keys prune, migrate run, audit, verify
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// One instance on a SQLite file instead of the instances on Postgres
+    #[arg(long, conflicts_with = "postgres")]
+    sqlite: bool,
     /// Where the history goes (one JSON line per event)
     #[arg(long, default_value = "target/soak-history.jsonl")]
     history: PathBuf,
@@ -45,7 +48,7 @@ fn main() {
         instances: args.instances,
         planners: args.planners,
         bin: args.bin,
-        postgres: args.postgres,
+        postgres: (!args.sqlite).then_some(args.postgres),
         history: args.history,
         env: Vec::new(),
         faults: args.faults,

@@ -1,4 +1,4 @@
-//! What the soak runs: a Postgres database of its own, made by the real
+//! What the soak runs: a Postgres database of its own (or a SQLite file), made by the real
 //! migrations, its logins made by the real CLI, and the service instances
 //! on fixed ports (a restart comes back where callers look for it).
 
@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 pub struct System {
     bin: PathBuf,
-    admin_url: String,
-    database: String,
+    /// Postgres: the server's admin URL and the soak's database on it;
+    /// `None`: a SQLite file in `dir`.
+    postgres: Option<(String, String)>,
     pub database_url: String,
     dir: tempfile::TempDir,
     ports: Vec<u16>,
@@ -34,7 +35,7 @@ pub struct System {
 impl System {
     pub fn start(
         bin: &Path,
-        postgres: &str,
+        postgres: Option<&str>,
         instances: usize,
         seed: u64,
         planners: usize,
@@ -46,21 +47,29 @@ impl System {
                 bin.display()
             ));
         }
-        let database = format!(
-            "soak_{}_{}_{:04x}",
-            std::process::id(),
-            seed % 1_000_000,
-            rand::random::<u16>()
-        );
-        let admin_url = format!("{postgres}/postgres");
-        psql(&admin_url, &format!("CREATE DATABASE {database}"))?;
-        let database_url = format!("{postgres}/{database}");
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let (postgres, database_url) = match postgres {
+            Some(server) => {
+                let database = format!(
+                    "soak_{}_{}_{:04x}",
+                    std::process::id(),
+                    seed % 1_000_000,
+                    rand::random::<u16>()
+                );
+                let admin_url = format!("{server}/postgres");
+                psql(&admin_url, &format!("CREATE DATABASE {database}"))?;
+                let url = format!("{server}/{database}");
+                (Some((admin_url, database)), url)
+            }
+            None => (
+                None,
+                format!("sqlite://{}", dir.path().join("soak.db").display()),
+            ),
+        };
         let ports = free_ports(instances)?;
         let mut system = Self {
             bin: bin.to_owned(),
-            admin_url,
-            database,
+            postgres,
             database_url,
             dir,
             ports,
@@ -370,9 +379,12 @@ impl System {
         Ok(())
     }
 
-    /// One column of `sql`'s rows, through `psql`.
+    /// One column of `sql`'s rows, through `psql` or `sqlite3`.
     pub fn query(&self, sql: &str) -> Result<Vec<String>, String> {
-        let text = psql(&self.database_url, sql)?;
+        let text = match self.database_url.strip_prefix("sqlite://") {
+            Some(file) => sqlite3(file, sql)?,
+            None => psql(&self.database_url, sql)?,
+        };
         Ok(text.lines().map(str::to_owned).collect())
     }
 }
@@ -387,10 +399,12 @@ impl Drop for System {
             self.signal(i, libc::SIGKILL);
             self.reap(i);
         }
-        let _ = psql(
-            &self.admin_url,
-            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
-        );
+        if let Some((admin_url, database)) = &self.postgres {
+            let _ = psql(
+                admin_url,
+                &format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
+            );
+        }
     }
 }
 
@@ -402,6 +416,20 @@ fn psql(url: &str, sql: &str) -> Result<String, String> {
     if !out.status.success() {
         return Err(format!(
             "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn sqlite3(file: &str, sql: &str) -> Result<String, String> {
+    let out = Command::new("sqlite3")
+        .args(["-batch", "-noheader", "-cmd", ".timeout 10000", file, sql])
+        .output()
+        .map_err(|e| format!("sqlite3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "sqlite3 {sql}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use plan_intake_client::{Client, FollowOptions, SubmitOptions};
+use plan_intake_client::{Client, FollowOptions, SubmitError, SubmitOptions};
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
@@ -21,6 +21,13 @@ struct Sent {
     run_id: String,
     body: String,
     key: String,
+}
+
+/// The request hash the service will give `body` (`blake3:…`), by the
+/// client crate's own reading of it.
+fn request_hash(body: &str) -> String {
+    let key = plan_intake_client::derive_key(body.as_bytes());
+    format!("blake3:{}", key.strip_prefix("submit-").unwrap_or(&key))
 }
 
 fn body(run_id: &str, n: u64) -> String {
@@ -49,14 +56,11 @@ fn send(
     };
     let began = std::time::Instant::now();
     let answer = Client::new(&system.url(instance), &system.planner_token(planner))
-        .map_err(|e| e.to_string())
-        .and_then(|client| {
-            client
-                .submit(sent.body.as_bytes(), &options)
-                .map_err(|e| e.to_string())
-        });
+        .map_err(|e| SubmitError::Unexpected(e.to_string()))
+        .and_then(|client| client.submit(sent.body.as_bytes(), &options));
     let mut event = json!({
-        "kind": "submit",
+        "kind": if why == "conflict" { "conflict" } else { "submit" },
+        "request_hash": request_hash(&sent.body),
         "planner": planner,
         "instance": instance,
         "why": why,
@@ -74,7 +78,8 @@ fn send(
             true
         }
         Err(error) => {
-            event["error"] = json!(error);
+            event["error"] = json!(error.to_string());
+            event["refused"] = json!(matches!(error, SubmitError::Refused(_)));
             history.record(event);
             false
         }
@@ -116,13 +121,33 @@ pub fn planners(
                             };
                             send(&system, &history, planner, instance, &other, "new key")
                         }
-                        // The same key twice at once, to two instances.
-                        (35..50, _) => {
-                            let run_id = format!("soak-{planner}-{n}");
-                            let twice = Sent {
-                                body: body(&run_id, n),
-                                key: format!("p{planner}-twice-{n}"),
-                                run_id,
+                        // Other content under a key already used: refused
+                        // (422), the key's plan unchanged.
+                        (35..40, Some(used)) => {
+                            let conflict = Sent {
+                                body: body(&format!("{}-changed", used.run_id), n),
+                                ..used
+                            };
+                            send(&system, &history, planner, instance, &conflict, "conflict");
+                            false
+                        }
+                        // The same key twice at once, to two instances: a
+                        // new plan, or (every other time) a kept plan
+                        // under a new key, whose key rows then race.
+                        (40..52, previous) => {
+                            let twice = match previous.filter(|_| n % 2 == 0) {
+                                Some(kept) => Sent {
+                                    key: format!("p{planner}-twice-{n}"),
+                                    ..kept
+                                },
+                                None => {
+                                    let run_id = format!("soak-{planner}-{n}");
+                                    Sent {
+                                        body: body(&run_id, n),
+                                        key: format!("p{planner}-twice-{n}"),
+                                        run_id,
+                                    }
+                                }
                             };
                             sent.push(twice.clone());
                             let other = (instance + 1) % system.count();
