@@ -135,7 +135,7 @@ pub fn planners(
                         // new plan, or (every other time) a kept plan
                         // under a new key, whose key rows then race.
                         (40..52, previous) => {
-                            let twice = match previous.filter(|_| n % 2 == 0) {
+                            let twice = match previous.filter(|_| n.is_multiple_of(2)) {
                                 Some(kept) => Sent {
                                     key: format!("p{planner}-twice-{n}"),
                                     ..kept
