@@ -10,6 +10,7 @@
 mod checker;
 mod history;
 mod nemesis;
+mod proxy;
 mod readers;
 mod system;
 mod workload;

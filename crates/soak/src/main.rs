@@ -28,8 +28,9 @@ struct Args {
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     postgres: String,
     /// Only these kinds of fault, comma-separated (every kind when not
-    /// given): kill -9, SIGSTOP, graceful restart, kill -9 of a reader,
-    /// logins rotate, keys prune, migrate run, audit, verify
+    /// given): kill -9, SIGSTOP, graceful restart, database connections
+    /// cut, cut after a COMMIT, database connections stalled, kill -9 of a
+    /// reader, logins rotate, keys prune, migrate run, audit, verify
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
     /// One instance on a SQLite file instead of the instances on Postgres

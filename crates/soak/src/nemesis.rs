@@ -1,7 +1,10 @@
 //! The nemesis: until the end of the run, every 1-4 s, one step drawn at
 //! random (`KINDS`): on an instance drawn at random, kill -9 (started
 //! again), a SIGSTOP of 1-5 s (a long GC pause, a frozen VM: its
-//! transactions and key rows held meanwhile) or a graceful restart; kill -9
+//! transactions and key rows held meanwhile), a graceful restart, or on
+//! Postgres its connections to the database (through a fault proxy) cut,
+//! cut right after one forwarded a `COMMIT` (its outcome unknown to the
+//! instance), or stalled for 1-5 s; kill -9
 //! of a reader (started again); or the routine, on the live system:
 //! `logins rotate` of a planner's login while it sends, `keys prune`,
 //! `migrate run`, `audit` and `verify`, each of which must succeed. Each is
@@ -57,10 +60,13 @@ impl Faults {
 
 /// What the nemesis draws from, with weights: faults of an instance,
 /// a reader killed, and the routine an operator runs on a live system.
-const KINDS: [(&str, u32); 9] = [
-    ("kill -9", 20),
-    ("SIGSTOP", 20),
-    ("graceful restart", 20),
+const KINDS: [(&str, u32); 12] = [
+    ("kill -9", 15),
+    ("SIGSTOP", 15),
+    ("graceful restart", 15),
+    ("database connections cut", 8),
+    ("cut after a COMMIT", 12),
+    ("database connections stalled", 8),
     ("kill -9 of a reader", 15),
     ("logins rotate", 8),
     ("keys prune", 5),
@@ -85,6 +91,11 @@ pub fn run(
     let kinds: Vec<(&str, u32)> = KINDS
         .iter()
         .filter(|(kind, _)| only.is_empty() || only.iter().any(|o| o == kind))
+        // The database's connections pass through a proxy on Postgres only.
+        .filter(|(kind, _)| {
+            !system.proxies.is_empty()
+                || !kind.contains("database connections") && !kind.contains("COMMIT")
+        })
         .copied()
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -143,6 +154,22 @@ pub fn run(
                 system.await_ready(instance, Duration::from_secs(30))
             }
             "graceful restart" => system.restart(instance),
+            "database connections cut" => {
+                system.proxies[instance].0.cut_all();
+                system.await_ready(instance, Duration::from_secs(30))
+            }
+            "cut after a COMMIT" => {
+                // Its planners keep it writing: a COMMIT comes within seconds.
+                let fired = system.proxies[instance]
+                    .0
+                    .cut_at_next_commit(Duration::from_secs(5));
+                history.record(json!({"kind": "commit cut", "instance": instance, "fired": fired}));
+                system.await_ready(instance, Duration::from_secs(30))
+            }
+            "database connections stalled" => {
+                system.proxies[instance].0.stall(paused);
+                system.await_ready(instance, Duration::from_secs(30))
+            }
             "kill -9 of a reader" => system.kill_reader(reader),
             "logins rotate" => system.rotate_planner(planner),
             "keys prune" => routine(&["keys", "prune", "--older-than", "30d"]),

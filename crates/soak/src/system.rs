@@ -28,6 +28,9 @@ pub struct System {
     /// More environment for every process the soak starts.
     pub env: Vec<(String, String)>,
     pub readers: Vec<crate::readers::Reader>,
+    /// Postgres: each instance's fault proxy, and the URL it connects to
+    /// the database through.
+    pub proxies: Vec<(crate::proxy::FaultProxy, String)>,
     /// Instances that ended otherwise than the nemesis ended them.
     crashes: Mutex<Vec<String>>,
 }
@@ -80,8 +83,25 @@ impl System {
             keys: PathBuf::new(),
             env: env.to_vec(),
             readers: Vec::new(),
+            proxies: Vec::new(),
             crashes: Mutex::new(Vec::new()),
         };
+        if let Some((_, database)) = &system.postgres {
+            let upstream = host_port(&system.database_url)?;
+            let user = system
+                .database_url
+                .split_once("://")
+                .and_then(|(_, rest)| rest.split_once('@'))
+                .map_or("postgres", |(user, _)| user);
+            for _ in 0..instances {
+                let proxy = crate::proxy::FaultProxy::start(upstream.clone())?;
+                let url = format!(
+                    "postgres://{user}@127.0.0.1:{}/{database}?sslmode=disable&gssencmode=disable",
+                    proxy.port
+                );
+                system.proxies.push((proxy, url));
+            }
+        }
         system.cli(&["migrate", "run"])?;
         for p in 0..planners {
             let token = system.cli(&[
@@ -249,7 +269,12 @@ impl System {
             .arg("--signing-key")
             .arg(&self.signing_key)
             .args(["--log-format", "json"])
-            .env("DATABASE_URL", &self.database_url)
+            .env(
+                "DATABASE_URL",
+                self.proxies
+                    .get(i)
+                    .map_or(&self.database_url, |(_, url)| url),
+            )
             // Every request line (its status and Retry-After), for the checker.
             .env("PLAN_INTAKE_LOG", "warn,plan_intake::http::observe=info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -420,6 +445,18 @@ fn psql(url: &str, sql: &str) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `host:port` of a Postgres URL (5432 when it names none).
+fn host_port(url: &str) -> Result<String, String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    match authority {
+        "" => Err(format!("{url} names no host")),
+        a if a.contains(':') => Ok(a.to_owned()),
+        a => Ok(format!("{a}:5432")),
+    }
 }
 
 fn sqlite3(file: &str, sql: &str) -> Result<String, String> {
