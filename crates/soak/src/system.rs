@@ -1,6 +1,7 @@
 //! What the soak runs: a Postgres database of its own (or a SQLite file), made by the real
 //! migrations, its logins made by the real CLI, and the service instances
-//! on fixed ports (a restart comes back where callers look for it).
+//! on sockets the soak holds and hands to each start (socket activation:
+//! a restart comes back where callers look for it, refusing nothing).
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,11 @@ pub struct System {
     pub database_url: String,
     dir: tempfile::TempDir,
     ports: Vec<u16>,
+    /// Each instance's listening socket, held by the soak as systemd's
+    /// `plan-intake.socket` holds it: handed to every start of the
+    /// instance, so a restart refuses no connection (they wait in its
+    /// backlog).
+    sockets: Vec<std::net::TcpListener>,
     instances: Mutex<Vec<Option<Child>>>,
     /// Each planner's current token (`logins rotate` replaces it).
     pub planner_tokens: Mutex<Vec<String>>,
@@ -69,13 +75,21 @@ impl System {
                 format!("sqlite://{}", dir.path().join("soak.db").display()),
             ),
         };
-        let ports = free_ports(instances)?;
+        let sockets = (0..instances)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let ports = sockets
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut system = Self {
             bin: bin.to_owned(),
             postgres,
             database_url,
             dir,
             ports,
+            sockets,
             instances: Mutex::new((0..instances).map(|_| None).collect()),
             planner_tokens: Mutex::new(Vec::new()),
             reader_token: String::new(),
@@ -263,9 +277,13 @@ impl System {
             .append(true)
             .open(self.dir.path().join(format!("instance-{i}.log")))
             .map_err(|e| e.to_string())?;
-        let mut command = Command::new(&self.bin);
+        // Socket activation, as systemd does it: the socket as descriptor
+        // 3, LISTEN_FDS=1 and LISTEN_PID the service's own pid (set by the
+        // shell that execs it).
+        let mut command = Command::new("sh");
         command
-            .args(["serve", "--bind", &format!("127.0.0.1:{}", self.ports[i])])
+            .args(["-c", r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" serve "$@""#])
+            .arg(&self.bin)
             .arg("--signing-key")
             .arg(&self.signing_key)
             .args(["--log-format", "json"])
@@ -280,12 +298,25 @@ impl System {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: only prctl(2), async-signal-safe, between fork and exec:
-        // an instance dies with the soak, whatever ends it.
+        let fd = {
+            use std::os::fd::AsRawFd as _;
+            self.sockets[i].as_raw_fd()
+        };
+        // SAFETY: only async-signal-safe calls (prctl, fcntl, dup2) on
+        // descriptors this process owns, between fork and exec: an instance
+        // dies with the soak, whatever ends it, and gets its socket as 3.
         unsafe {
             use std::os::unix::process::CommandExt as _;
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if fd == 3 {
+                    // dup2 onto itself keeps close-on-exec: clear it.
+                    if libc::fcntl(3, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
@@ -471,17 +502,6 @@ fn sqlite3(file: &str, sql: &str) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `n` distinct ports free now (each held until all are chosen).
-fn free_ports(n: usize) -> Result<Vec<u16>, String> {
-    let held = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    held.iter()
-        .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()))
-        .collect()
 }
 
 /// The body of `GET path` on `port` (200 only).
