@@ -605,6 +605,8 @@ struct Row {
 }
 
 fn main() {
+    // Before any Postgres connection (pgbench's runs aside): as the service.
+    plan_intake::storage::keep_tls_state_past_exit();
     let options = options();
     let mut rows: Vec<Row> = Vec::new();
     let mut push_rows: Vec<PushRow> = Vec::new();

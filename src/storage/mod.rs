@@ -61,7 +61,8 @@ pub struct Database {
 /// stopping service then died of SIGSEGV in `OPENSSL_cleanup` instead of
 /// exiting 0. Idempotent; it takes effect only before OpenSSL's first use,
 /// so `main` calls it first, and every `Database::open` and scratch schema
-/// (the tests' first connections) again.
+/// again (the test suite and the benchmark call it before their first
+/// connection).
 pub fn keep_tls_state_past_exit() {
     openssl_sys::init();
 }

@@ -257,7 +257,9 @@ fn a_stopping_service_leaves_openssl_alone_at_exit() {
     let mut gdb = Command::new("gdb")
         .args(["-q", "-batch", "-nx"])
         .args(["-ex", "set breakpoint pending on"])
-        .args(["-ex", "handle SIGTERM nostop noprint pass"])
+        // Every signal passes through untraced (a SIGPIPE the service
+        // ignores included); only the breakpoint stops it.
+        .args(["-ex", "handle all nostop noprint pass"])
         .args(["-ex", "break OPENSSL_cleanup"])
         .args(["-ex", "run"])
         .args(["-ex", "bt 4"])
@@ -269,6 +271,8 @@ fn a_stopping_service_leaves_openssl_alone_at_exit() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("gdb (apt-get install gdb)");
+    // Whatever fails below, neither gdb nor the service outlives the test.
+    let reaper = KillTree(gdb.id());
     let mut said = String::new();
     let mut stdout = gdb.stdout.take().expect("stdout");
     let gdb_said = std::thread::spawn(move || {
@@ -324,10 +328,23 @@ fn a_stopping_service_leaves_openssl_alone_at_exit() {
     assert!(sent.success());
     // gdb's own status says nothing: `bt` fails when the process is gone.
     wait_with_deadline(&mut gdb, "gdb");
+    // Reaped: its pid is no longer its own to kill.
+    std::mem::forget(reaper);
     stderr_rest.join().expect("stderr");
     let said = gdb_said.join().expect("gdb's output");
     assert!(
         !said.contains("OPENSSL_cleanup ()") && said.contains("exited normally"),
         "the service ran OpenSSL's exit cleanup, or did not exit 0:\n{said}"
     );
+}
+
+/// Kills a process and its children when dropped.
+struct KillTree(u32);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        let pid = self.0.to_string();
+        let _ = Command::new("pkill").args(["-KILL", "-P", &pid]).status();
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
 }

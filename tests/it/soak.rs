@@ -64,6 +64,7 @@ fn soak_with(
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
         faults: faults.iter().map(|f| (*f).to_owned()).collect(),
+        pgbouncer: true,
     };
     let outcome = plan_intake_soak::run(&options).expect("the soak ran");
     if !outcome.violations.is_empty() {

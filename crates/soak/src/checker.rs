@@ -8,8 +8,16 @@ use crate::system::System;
 
 /// What the summary says besides the faults: each reader's count, its
 /// kills and repeats, and the answers the instances gave by status.
-pub fn notes(system: &System) -> Vec<String> {
+pub fn notes(system: &System, history: &History) -> Vec<String> {
     let mut notes = Vec::new();
+    let cuts = history.of_kind("commit cut");
+    if !cuts.is_empty() {
+        notes.push(format!(
+            "soak: cut after a COMMIT: {} of {} armed cuts found a COMMIT",
+            cuts.iter().filter(|cut| cut["fired"] == true).count(),
+            cuts.len()
+        ));
+    }
     for reader in &system.readers {
         let (handed, torn) = reader.handed_on();
         let unique: HashSet<&String> = handed.iter().collect();
@@ -22,11 +30,11 @@ pub fn notes(system: &System) -> Vec<String> {
         ));
     }
     let mut statuses: std::collections::BTreeMap<u64, usize> = Default::default();
-    for line in system.request_lines() {
+    system.each_request_line(|line| {
         *statuses
             .entry(line["status"].as_u64().unwrap_or(0))
             .or_default() += 1;
-    }
+    });
     notes.push(format!(
         "soak: answers by status: {}",
         statuses
@@ -114,6 +122,14 @@ pub fn check(
             ));
         }
     }
+    // ...and nothing of it stored (its run ids end in `-changed`).
+    let taken = system.query("SELECT receipt_id FROM plans WHERE run_id LIKE '%-changed'")?;
+    if !taken.is_empty() {
+        violations.push(format!(
+            "{} plans sent as other content under a used key were stored: {taken:?}",
+            taken.len()
+        ));
+    }
     // Each acknowledged plan is stored as it was sent.
     let stored_hashes: HashMap<String, String> = system
         .query("SELECT receipt_id || ' ' || request_hash FROM plans")?
@@ -194,10 +210,20 @@ pub fn check(
                 if missing + not_in_feed == 0 { ", out of order" } else { "" }
             ));
         }
-        // A kill repeats at most the page in hand (100 receipts).
-        if repeated > kills as usize * 100 || (torn > 0 && kills == 0) {
+        // A kill repeats at most the page in hand, right after it.
+        let marks = reader
+            .kill_marks
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        if let Some(misplaced) = misplaced_repeat(&handed, &marks, page_limit()) {
             violations.push(format!(
-                "reader {} repeated {repeated} receipts ({torn} torn lines) after {kills} kills",
+                "reader {} handed receipts on again where no kill explains it ({repeated} again in all, {torn} torn lines, {kills} kills): {misplaced}",
+                reader.name
+            ));
+        } else if torn > 0 && kills == 0 {
+            violations.push(format!(
+                "reader {} wrote {torn} torn lines without being killed",
                 reader.name
             ));
         }
@@ -207,7 +233,10 @@ pub fn check(
     }
     // Every answer the instances logged: no 5xx but 503, and every 503
     // and 429 says when to come back.
-    for line in system.request_lines() {
+    for panic in system.panics() {
+        violations.push(format!("an instance panicked: {panic}"));
+    }
+    system.each_request_line(|line| {
         let status = line["status"].as_u64().unwrap_or(0);
         let told = line["retry_after"].as_str().unwrap_or("-");
         if status >= 500 && status != 503 {
@@ -221,7 +250,11 @@ pub fn check(
                 line["instance"]
             ));
         }
-    }
+        // Every answer, in the history too (kept after the run).
+        let mut answer = line.clone();
+        answer["kind"] = serde_json::json!("answer");
+        history.record_to_file(answer);
+    });
     for error in history.of_kind("follower-error") {
         violations.push(format!("the follower stopped: {}", error["error"]));
     }
@@ -245,4 +278,68 @@ pub fn check(
         }
     }
     Ok(violations)
+}
+
+/// The most receipts a page holds (the followers' default limit).
+fn page_limit() -> usize {
+    plan_intake_client::FollowOptions::new("-").limit as usize
+}
+
+/// Where a reader's output repeats a receipt that no kill explains: after
+/// each kill (its output then held `marks[k]` receipts) the receipts again
+/// must come first and be at most one page; anywhere else none may.
+fn misplaced_repeat(handed: &[String], kill_marks: &[usize], page: usize) -> Option<String> {
+    let mut seen = HashSet::new();
+    let mut repeats_may_start = 0usize;
+    let mut in_repeat_run = false;
+    let mut run_length = 0;
+    let mut marks = kill_marks.iter().copied().peekable();
+    for (at, id) in handed.iter().enumerate() {
+        while marks.peek().is_some_and(|mark| *mark <= at) {
+            repeats_may_start = marks.next().unwrap_or(at);
+            in_repeat_run = true;
+            run_length = 0;
+        }
+        let again = !seen.insert(id.as_str());
+        if again {
+            let at_a_kill = in_repeat_run && at == repeats_may_start + run_length;
+            if !at_a_kill || run_length >= page {
+                return Some(format!(
+                    "{id} again at receipt {at} of its output (kills after receipts {kill_marks:?})"
+                ));
+            }
+            run_length += 1;
+        } else {
+            in_repeat_run = false;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::misplaced_repeat;
+
+    fn ids(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_page_again_is_allowed_only_right_after_a_kill() {
+        // No kill: no repeat.
+        assert!(misplaced_repeat(&ids("a b c b d"), &[], 100).is_some());
+        // Killed after 3 receipts: b c again at once, then on.
+        assert_eq!(misplaced_repeat(&ids("a b c b c d e"), &[3], 100), None);
+        // ...but not later.
+        assert!(misplaced_repeat(&ids("a b c d b e"), &[3], 100).is_some());
+        // ...nor more than a page.
+        assert!(misplaced_repeat(&ids("a b c a b c d"), &[3], 2).is_some());
+        // Two kills, each followed by its page again.
+        assert_eq!(
+            misplaced_repeat(&ids("a b c c d e d e f"), &[3, 6], 100),
+            None
+        );
+        // A kill with nothing again is fine.
+        assert_eq!(misplaced_repeat(&ids("a b c d"), &[2], 100), None);
+    }
 }

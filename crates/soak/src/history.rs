@@ -1,6 +1,9 @@
-//! The history: every answer a planner got, every receipt the follower
-//! handed on, every fault, with its time since the start, as JSON lines in
-//! a file and in memory for the checker.
+//! The history: every final answer a planner got, every receipt the
+//! in-process follower handed on, every fault and phase, with its time
+//! since the start, as JSON lines in a file and in memory for the checker.
+//! At the end every answer the instances logged (status, key,
+//! `Retry-After`) is copied to the file as well (`answer`); the reader
+//! processes' output stays in files of their own.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -37,6 +40,14 @@ impl History {
         }
         if let Ok(mut events) = self.events.lock() {
             events.push(event);
+        }
+    }
+
+    /// Writes `event` (an object) to the file only: one of the instances'
+    /// answers, copied at the end (its own time kept).
+    pub fn record_to_file(&self, event: Value) {
+        if let Ok(mut file) = self.file.lock() {
+            let _ = writeln!(file, "{event}");
         }
     }
 

@@ -1,15 +1,20 @@
-//! The soak (issue 52, a first step): a Postgres database of its own, two
-//! service instances on it, planners sending through the client crate with
-//! duplicates the way real planners make them, a follower of the feed, and
-//! a nemesis drawing at random from kill -9, SIGSTOP and a graceful
-//! restart of an instance. Every answer and every fault goes to a history
-//! file; at the end a checker holds the history and the database to the
-//! promise. Seeded: the same seed repeats the same draws (not the
-//! interleaving, which the clock decides).
+//! The soak (issue 52): the whole system under random faults and routine
+//! operations, its history checked. On Postgres, two instances signing
+//! receipts (one through a real PgBouncer), each behind a fault proxy and
+//! on a socket the soak holds across restarts; or one instance on SQLite.
+//! Planners send through the client crate with duplicates the way real
+//! planners make them; readers follow the feed (in process, `--exec` and
+//! `--verify` processes); a nemesis draws from process faults, database
+//! connection faults and the routine an operator runs. Every answer and
+//! every fault goes to a history file; at the end a checker holds the
+//! history and the database to the promise. Seeded: the same seed repeats
+//! the same draws (not the interleaving, which the clock decides).
+//! ARCHITECTURE.md, "How the product is checked".
 
 mod checker;
 mod history;
 mod nemesis;
+mod pgbouncer;
 mod proxy;
 mod readers;
 mod system;
@@ -44,6 +49,9 @@ pub struct Options {
     /// The nemesis's kinds to draw from (`nemesis::kinds`); every kind
     /// when empty.
     pub faults: Vec<String>,
+    /// On Postgres with two instances or more: the last through a real
+    /// PgBouncer in transaction mode.
+    pub pgbouncer: bool,
 }
 
 /// What a run found: its violations (one line each, with the seed) and
@@ -91,6 +99,7 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
         seed,
         options.planners,
         &options.env,
+        options.pgbouncer,
     )?);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -125,7 +134,7 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
         .collect();
     history.record(serde_json::json!({"kind": "phase", "phase": "checked"}));
     let mut summary = faults.recovery_lines();
-    summary.extend(checker::notes(&system));
+    summary.extend(checker::notes(&system, &history));
     summary.push(format!(
         "soak: seed {seed}, {} s, {acknowledged} acknowledgements, {} faults of {} kinds, {} violations",
         started.elapsed().as_secs(),

@@ -29,13 +29,18 @@ struct Args {
     postgres: String,
     /// Only these kinds of fault, comma-separated (every kind when not
     /// given): kill -9, SIGSTOP, graceful restart, database connections
-    /// cut, cut after a COMMIT, database connections stalled, kill -9 of a
-    /// reader, logins rotate, keys prune, migrate run, audit, verify
+    /// cut, cut after a COMMIT, database connections stalled, PgBouncer
+    /// kill -9, kill -9 of a reader, logins rotate, keys prune, migrate
+    /// run, audit, verify, signing key rotation
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
     /// One instance on a SQLite file instead of the instances on Postgres
     #[arg(long, conflicts_with = "postgres")]
     sqlite: bool,
+    /// No PgBouncer in front of the last instance (on Postgres, with two
+    /// instances or more, it is there by default)
+    #[arg(long)]
+    no_pgbouncer: bool,
     /// Where the history goes (one JSON line per event)
     #[arg(long, default_value = "target/soak-history.jsonl")]
     history: PathBuf,
@@ -53,6 +58,7 @@ fn main() {
         history: args.history,
         env: Vec::new(),
         faults: args.faults,
+        pgbouncer: !args.no_pgbouncer,
     };
     println!(
         "soak: seed {}, {} s, {} instances",

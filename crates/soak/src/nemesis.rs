@@ -7,7 +7,8 @@
 //! instance), or stalled for 1-5 s; kill -9
 //! of a reader (started again); or the routine, on the live system:
 //! `logins rotate` of a planner's login while it sends, `keys prune`,
-//! `migrate run`, `audit` and `verify`, each of which must succeed. Each is
+//! `migrate run`, `audit` and `verify`, each of which must succeed, and a
+//! signing-key rotation across the instances in the documented order. Each is
 //! recorded with how long until its instance answered `/readyz` again (a
 //! command: how long it took).
 
@@ -60,19 +61,21 @@ impl Faults {
 
 /// What the nemesis draws from, with weights: faults of an instance,
 /// a reader killed, and the routine an operator runs on a live system.
-const KINDS: [(&str, u32); 12] = [
+const KINDS: [(&str, u32); 14] = [
     ("kill -9", 15),
     ("SIGSTOP", 15),
     ("graceful restart", 15),
     ("database connections cut", 8),
     ("cut after a COMMIT", 12),
     ("database connections stalled", 8),
+    ("PgBouncer kill -9", 5),
     ("kill -9 of a reader", 15),
     ("logins rotate", 8),
     ("keys prune", 5),
     ("migrate run", 4),
     ("audit", 4),
     ("verify", 4),
+    ("signing key rotation", 2),
 ];
 
 /// The kinds the nemesis knows, for `--faults`.
@@ -96,12 +99,14 @@ pub fn run(
             !system.proxies.is_empty()
                 || !kind.contains("database connections") && !kind.contains("COMMIT")
         })
+        .filter(|(kind, _)| system.pgbouncer.is_some() || !kind.starts_with("PgBouncer"))
         .copied()
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut faults = Faults {
         recovered: BTreeMap::new(),
     };
+    let mut rotations = 0;
     let total: u32 = kinds.iter().map(|(_, w)| w).sum::<u32>().max(1);
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.random_range(1_000..4_000)));
@@ -166,6 +171,12 @@ pub fn run(
                 history.record(json!({"kind": "commit cut", "instance": instance, "fired": fired}));
                 system.await_ready(instance, Duration::from_secs(30))
             }
+            "PgBouncer kill -9" => match &system.pgbouncer {
+                Some(bouncer) => bouncer
+                    .kill_9_and_restart()
+                    .and_then(|()| system.await_ready(system.count() - 1, Duration::from_secs(30))),
+                None => Ok(()),
+            },
             "database connections stalled" => {
                 system.proxies[instance].0.stall(paused);
                 system.await_ready(instance, Duration::from_secs(30))
@@ -175,6 +186,10 @@ pub fn run(
             "keys prune" => routine(&["keys", "prune", "--older-than", "30d"]),
             "migrate run" => routine(&["migrate", "run"]),
             "audit" => routine(&["audit", "--keys", &keys]),
+            "signing key rotation" => {
+                rotations += 1;
+                system.rotate_signing_key(rotations)
+            }
             _ => routine(&["verify"]),
         };
         let took = began.elapsed();

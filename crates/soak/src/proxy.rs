@@ -24,6 +24,8 @@ struct Shared {
     stalled: AtomicBool,
     /// Set once a cut at a COMMIT fired.
     cut_a_commit: AtomicBool,
+    /// The proxy is dropped: accept no more.
+    closed: AtomicBool,
 }
 
 pub struct FaultProxy {
@@ -40,6 +42,9 @@ impl FaultProxy {
         let accepting = shared.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
+                if accepting.closed.load(Ordering::SeqCst) {
+                    break;
+                }
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
@@ -98,6 +103,16 @@ impl FaultProxy {
         self.shared.stalled.store(true, Ordering::SeqCst);
         std::thread::sleep(stall);
         self.shared.stalled.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.stalled.store(false, Ordering::SeqCst);
+        // Wakes the accepting thread, which then ends.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        self.cut_all();
     }
 }
 

@@ -22,6 +22,9 @@ pub struct Reader {
     child: Mutex<Option<Child>>,
     /// How often the nemesis killed it.
     pub kills: Mutex<u32>,
+    /// At each kill, how many receipts its output held: only right after
+    /// one may a page come again.
+    pub kill_marks: Mutex<Vec<usize>>,
     /// Each time it ended otherwise than the soak ended it.
     pub exits: Mutex<Vec<String>>,
 }
@@ -70,6 +73,7 @@ impl Reader {
             instance,
             child: Mutex::new(None),
             kills: Mutex::new(0),
+            kill_marks: Mutex::new(Vec::new()),
             exits: Mutex::new(Vec::new()),
         }
     }
@@ -84,8 +88,15 @@ impl Reader {
             .env("PLAN_INTAKE_URL", url)
             .env("PLAN_INTAKE_TOKEN", token)
             .env("PLAN_INTAKE_LOG", "warn")
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stderr(Stdio::null());
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.out.with_extension("log"))
+        {
+            Ok(log) => command.stderr(log),
+            Err(_) => command.stderr(Stdio::null()),
+        };
         if self.args.iter().any(|a| a == "--exec") {
             command.stdout(Stdio::null());
         } else {
@@ -142,6 +153,63 @@ impl Reader {
         }
     }
 
+    /// Whether it verifies (pins the signing keys).
+    pub fn verifies(&self) -> bool {
+        self.args.iter().any(|a| a == "--verify")
+    }
+
+    /// SIGTERM, which finishes the page in hand and must end it 0 within
+    /// 30 s (else it is killed, and that is noted); `Err` then.
+    fn stop(&self) -> Result<(), String> {
+        self.ended_on_its_own();
+        let Some(mut child) = self.child.lock().ok().and_then(|mut slot| slot.take()) else {
+            return Ok(());
+        };
+        let Ok(pid) = i32::try_from(child.id()) else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on the leader alone, a child this process
+        // started and has not reaped.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                _ => break None,
+            }
+        };
+        if status.is_some_and(|s| s.success()) {
+            return Ok(());
+        }
+        if status.is_none() {
+            // SAFETY: as above; it did not stop in 30 s.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+            let _ = child.wait();
+        }
+        let what = format!("reader {} did not end 0 on SIGTERM: {status:?}", self.name);
+        if let Ok(mut exits) = self.exits.lock() {
+            exits.push(what.clone());
+        }
+        Err(what)
+    }
+
+    /// Stopped with SIGTERM and started again (new keys pinned).
+    pub fn restart(
+        &self,
+        bin: &Path,
+        urls: &[String],
+        token: &str,
+        env: &[(String, String)],
+    ) -> Result<(), String> {
+        self.stop()?;
+        self.start(bin, urls, token, env)
+    }
+
     /// Notes an exit nobody caused (a reader that stopped on its own: 76 on
     /// an honest log, a crash); true when it had ended.
     pub fn ended_on_its_own(&self) -> bool {
@@ -153,7 +221,11 @@ impl Reader {
         match ended {
             Some(status) => {
                 if let Ok(mut exits) = self.exits.lock() {
-                    exits.push(format!("reader {} ended {status}", self.name));
+                    exits.push(format!(
+                        "reader {} ended {status}: {}",
+                        self.name,
+                        self.last_said()
+                    ));
                 }
                 true
             }
@@ -181,6 +253,10 @@ impl Reader {
             // children lead.
             unsafe {
                 libc::kill(pid, libc::SIGSTOP);
+            }
+            wait_stopped(pid);
+            // SAFETY: as above.
+            unsafe {
                 for command in children_of(pid) {
                     libc::kill(-command, libc::SIGKILL);
                 }
@@ -189,6 +265,10 @@ impl Reader {
             let _ = child.wait();
             if let Ok(mut kills) = self.kills.lock() {
                 *kills += 1;
+            }
+            let handed = self.handed_on().0.len();
+            if let Ok(mut marks) = self.kill_marks.lock() {
+                marks.push(handed);
             }
         }
         self.start(bin, urls, token, env)
@@ -204,54 +284,35 @@ impl Reader {
         urls: &[String],
         token: &str,
         env: &[(String, String)],
-        stored: impl Fn() -> usize,
+        stored: impl Fn() -> Option<usize>,
     ) {
-        self.ended_on_its_own();
-        if let Some(mut child) = self.child.lock().ok().and_then(|mut slot| slot.take())
-            && let Ok(pid) = i32::try_from(child.id())
-        {
-            // SAFETY: as in `kill_9`, the leader alone.
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-            let until = Instant::now() + Duration::from_secs(30);
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break Some(status),
-                    Ok(None) if Instant::now() < until => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    _ => break None,
-                }
-            };
-            match status {
-                Some(status) if status.success() => {}
-                other => {
-                    if let Some(pid) = other.is_none().then_some(pid) {
-                        // SAFETY: as above; it did not stop in 30 s.
-                        unsafe {
-                            libc::kill(-pid, libc::SIGKILL);
-                        }
-                        let _ = child.wait();
-                    }
-                    if let Ok(mut exits) = self.exits.lock() {
-                        exits.push(format!(
-                            "reader {} did not end 0 on SIGTERM: {other:?}",
-                            self.name
-                        ));
-                    }
-                }
-            }
-        }
+        let _ = self.stop();
         let until = Instant::now() + Duration::from_secs(30);
-        let mut progress = (self.handed_on().0.len(), Instant::now());
+        let mut progress = (0, Instant::now());
         loop {
             self.mend_torn_line();
             let mut command = self.command(bin, &urls[self.instance % urls.len()], token, env);
+            // A drain that never ends is a violation, not a hang.
             let status = command
                 .args(["--drain"])
-                .status()
-                .map_err(|e| e.to_string());
+                .spawn()
+                .map_err(|e| e.to_string())
+                .and_then(|mut drain| {
+                    let began = Instant::now();
+                    loop {
+                        match drain.try_wait() {
+                            Ok(Some(status)) => return Ok(status),
+                            Ok(None) if began.elapsed() < Duration::from_secs(60) => {
+                                std::thread::sleep(Duration::from_millis(20))
+                            }
+                            _ => {
+                                let _ = drain.kill();
+                                let _ = drain.wait();
+                                return Err("it did not end within 60 s".to_owned());
+                            }
+                        }
+                    }
+                });
             if !matches!(&status, Ok(s) if s.success()) {
                 if let Ok(mut exits) = self.exits.lock() {
                     exits.push(format!("reader {}'s drain ended {status:?}", self.name));
@@ -261,11 +322,17 @@ impl Reader {
             // Done once it has every stored receipt; or when 3 s brought
             // nothing more (the log's rounds come every second): what is
             // missing then is the checker's to name.
-            let handed = self.handed_on().0.len();
+            // Receipts, not lines: a page again after a kill counts once.
+            let handed = self
+                .handed_on()
+                .0
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
             if handed > progress.0 {
                 progress = (handed, Instant::now());
             }
-            if handed >= stored()
+            if stored().is_some_and(|stored| handed >= stored)
                 || Instant::now() >= until
                 || progress.1.elapsed() >= Duration::from_secs(3)
             {
@@ -291,6 +358,16 @@ impl Reader {
             }
         }
         (ids, torn)
+    }
+
+    /// The last line it wrote to stderr.
+    fn last_said(&self) -> String {
+        std::fs::read_to_string(self.out.with_extension("log"))
+            .unwrap_or_default()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     /// Kills it (the soak is ending early).
@@ -321,4 +398,22 @@ fn children_of(pid: i32) -> Vec<i32> {
         }
     }
     children
+}
+
+/// Waits (1 s at most) until `pid` is stopped: a SIGSTOP takes effect
+/// asynchronously, and a follower still running could start a command
+/// after its children were listed.
+fn wait_stopped(pid: i32) {
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command's closing parenthesis.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if matches!(state, Some('T' | 't') | None) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

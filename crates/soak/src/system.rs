@@ -26,10 +26,11 @@ pub struct System {
     /// Each planner's current token (`logins rotate` replaces it).
     pub planner_tokens: Mutex<Vec<String>>,
     pub reader_token: String,
-    /// The signing key every instance signs with, and the public keys as
-    /// `GET /v1/signing-keys` lists them (pinned by the verifying reader
+    /// The signing keys every instance starts with (the first signs; a
+    /// rotation adds one), and the public keys of every key that ever
+    /// signed, one per line (pinned by the verifying reader
     /// and `audit`).
-    signing_key: PathBuf,
+    signing_keys: Mutex<Vec<PathBuf>>,
     pub keys: PathBuf,
     /// More environment for every process the soak starts.
     pub env: Vec<(String, String)>,
@@ -37,6 +38,9 @@ pub struct System {
     /// Postgres: each instance's fault proxy, and the URL it connects to
     /// the database through.
     pub proxies: Vec<(crate::proxy::FaultProxy, String)>,
+    /// Postgres with `pgbouncer`: the last instance's PgBouncer (transaction
+    /// mode), between its fault proxy and the database.
+    pub pgbouncer: Option<crate::pgbouncer::PgBouncer>,
     /// Instances that ended otherwise than the nemesis ended them.
     crashes: Mutex<Vec<String>>,
 }
@@ -49,6 +53,7 @@ impl System {
         seed: u64,
         planners: usize,
         env: &[(String, String)],
+        pgbouncer: bool,
     ) -> Result<Self, String> {
         if !bin.exists() {
             return Err(format!(
@@ -93,11 +98,12 @@ impl System {
             instances: Mutex::new((0..instances).map(|_| None).collect()),
             planner_tokens: Mutex::new(Vec::new()),
             reader_token: String::new(),
-            signing_key: PathBuf::new(),
+            signing_keys: Mutex::new(Vec::new()),
             keys: PathBuf::new(),
             env: env.to_vec(),
             readers: Vec::new(),
             proxies: Vec::new(),
+            pgbouncer: None,
             crashes: Mutex::new(Vec::new()),
         };
         if let Some((_, database)) = &system.postgres {
@@ -107,8 +113,18 @@ impl System {
                 .split_once("://")
                 .and_then(|(_, rest)| rest.split_once('@'))
                 .map_or("postgres", |(user, _)| user);
-            for _ in 0..instances {
-                let proxy = crate::proxy::FaultProxy::start(upstream.clone())?;
+            if pgbouncer && instances >= 2 {
+                system.pgbouncer = Some(crate::pgbouncer::PgBouncer::start(&upstream, database)?);
+            }
+            for i in 0..instances {
+                let behind_pgbouncer = system
+                    .pgbouncer
+                    .as_ref()
+                    .filter(|_| i == instances - 1)
+                    .map(|bouncer| format!("127.0.0.1:{}", bouncer.port));
+                let proxy = crate::proxy::FaultProxy::start(
+                    behind_pgbouncer.unwrap_or_else(|| upstream.clone()),
+                )?;
                 let url = format!(
                     "postgres://{user}@127.0.0.1:{}/{database}?sslmode=disable&gssencmode=disable",
                     proxy.port
@@ -129,17 +145,23 @@ impl System {
                 tokens.push(token);
             }
         }
-        system.signing_key = system.dir.path().join("receipts.key");
-        let key = system.signing_key.display().to_string();
-        system.cli(&["signing-keys", "generate", "--out", &key])?;
+        let key = system.dir.path().join("receipts.key");
+        system.cli(&[
+            "signing-keys",
+            "generate",
+            "--out",
+            &key.display().to_string(),
+        ])?;
+        system.keys = system.dir.path().join("keys.pub");
+        std::fs::copy(key.with_extension("key.pub"), &system.keys).map_err(|e| e.to_string())?;
+        if let Ok(mut keys) = system.signing_keys.lock() {
+            keys.push(key);
+        }
         system.reader_token =
             system.cli(&["logins", "add", "orders", "--permission", "receipts:read"])?;
         for i in 0..instances {
             system.start_instance(i)?;
         }
-        system.keys = system.dir.path().join("keys.json");
-        let keys = http_get(system.ports[0], "/v1/signing-keys")?;
-        std::fs::write(&system.keys, keys).map_err(|e| e.to_string())?;
         system.readers = crate::readers::Reader::all(system.dir.path(), &system.keys);
         for reader in &system.readers {
             reader.start(
@@ -201,6 +223,49 @@ impl System {
         Ok(())
     }
 
+    /// A signing-key rotation in the documented order (OPERATIONS, "Rotate
+    /// the signing key"): a new key; its `.pub` beside the old ones for
+    /// the verifying reader, restarted; each instance restarted with the
+    /// new key first and the old one after; then each with the new one
+    /// alone. `n` names the new key's file.
+    pub fn rotate_signing_key(&self, n: u32) -> Result<(), String> {
+        let key = self.dir.path().join(format!("receipts-{n}.key"));
+        self.cli(&[
+            "signing-keys",
+            "generate",
+            "--out",
+            &key.display().to_string(),
+        ])?;
+        let public =
+            std::fs::read_to_string(key.with_extension("key.pub")).map_err(|e| e.to_string())?;
+        let mut pinned = std::fs::read_to_string(&self.keys).map_err(|e| e.to_string())?;
+        if !pinned.ends_with('\n') {
+            pinned.push('\n');
+        }
+        pinned.push_str(public.trim());
+        pinned.push('\n');
+        std::fs::write(&self.keys, pinned).map_err(|e| e.to_string())?;
+        for reader in self.readers.iter().filter(|r| r.verifies()) {
+            reader.restart(&self.bin, &self.urls(), &self.reader_token, &self.env)?;
+        }
+        let old = self
+            .signing_keys
+            .lock()
+            .map(|keys| keys.first().cloned())
+            .ok()
+            .flatten()
+            .ok_or("no signing key")?;
+        for keys in [vec![key.clone(), old], vec![key]] {
+            if let Ok(mut signing) = self.signing_keys.lock() {
+                *signing = keys;
+            }
+            for i in 0..self.count() {
+                self.restart(i)?;
+            }
+        }
+        Ok(())
+    }
+
     /// kill -9 of reader `r`, then started again.
     pub fn kill_reader(&self, r: usize) -> Result<(), String> {
         self.readers[r].kill_9(&self.bin, &self.urls(), &self.reader_token, &self.env)
@@ -222,7 +287,6 @@ impl System {
             self.query("SELECT count(*) FROM plans")
                 .ok()
                 .and_then(|rows| rows.first().and_then(|n| n.parse::<usize>().ok()))
-                .unwrap_or(0)
         };
         for reader in &self.readers {
             reader.finish(
@@ -235,22 +299,41 @@ impl System {
         }
     }
 
-    /// Every request line the instances logged (JSON), across restarts.
-    pub fn request_lines(&self) -> Vec<serde_json::Value> {
-        let mut lines = Vec::new();
+    /// Calls `each` with every request line the instances logged (JSON,
+    /// its instance added), across restarts, one at a time: a long run
+    /// logs millions.
+    pub fn each_request_line(&self, mut each: impl FnMut(&serde_json::Value)) {
+        use std::io::BufRead as _;
         for i in 0..self.count() {
-            let text = std::fs::read_to_string(self.dir.path().join(format!("instance-{i}.log")))
-                .unwrap_or_default();
-            for line in text.lines() {
-                if let Ok(mut event) = serde_json::from_str::<serde_json::Value>(line)
+            let Ok(file) = std::fs::File::open(self.dir.path().join(format!("instance-{i}.log")))
+            else {
+                continue;
+            };
+            for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+                if let Ok(mut event) = serde_json::from_str::<serde_json::Value>(&line)
                     && event["message"] == "request"
                 {
                     event["instance"] = serde_json::json!(i);
-                    lines.push(event);
+                    each(&event);
                 }
             }
         }
-        lines
+    }
+
+    /// Every line an instance wrote that tells of a panic (a panic's
+    /// message is plain text, not one of its JSON lines).
+    pub fn panics(&self) -> Vec<String> {
+        let mut panics = Vec::new();
+        for i in 0..self.count() {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("instance-{i}.log")))
+                .unwrap_or_default();
+            panics.extend(
+                text.lines()
+                    .filter(|line| line.contains("panicked at"))
+                    .map(|line| format!("instance {i}: {line}")),
+            );
+        }
+        panics
     }
 
     /// Runs the CLI: its exit code and stderr (for `audit`, `verify`,
@@ -284,8 +367,14 @@ impl System {
         command
             .args(["-c", r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" serve "$@""#])
             .arg(&self.bin)
-            .arg("--signing-key")
-            .arg(&self.signing_key)
+            .args(
+                self.signing_keys
+                    .lock()
+                    .map(|keys| keys.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .flat_map(|key| [PathBuf::from("--signing-key"), key.clone()]),
+            )
             .args(["--log-format", "json"])
             .env(
                 "DATABASE_URL",
@@ -298,6 +387,14 @@ impl System {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
+        if self.pgbouncer.is_some() && i == self.count() - 1 {
+            // As operators run an instance behind a transaction-mode
+            // pooler: no migrations through it, the feed's LISTEN straight
+            // to the database.
+            command
+                .args(["--no-migrate", "--pg-pooler", "transaction"])
+                .env("PLAN_INTAKE_FEED_LISTEN_URL", &self.database_url);
+        }
         let fd = {
             use std::os::fd::AsRawFd as _;
             self.sockets[i].as_raw_fd()
@@ -331,7 +428,7 @@ impl System {
     pub fn await_ready(&self, i: usize, within: Duration) -> Result<(), String> {
         let until = Instant::now() + within;
         while Instant::now() < until {
-            if ready(self.ports[i]) {
+            if ready(self.ports[i], &self.reader_token) {
                 return Ok(());
             }
             let exited = self.instances.lock().ok().and_then(|mut all| {
@@ -407,9 +504,28 @@ impl System {
         self.signal(i, libc::SIGCONT);
     }
 
+    /// Waits for instance `i` to end, for 30 s at most: past that it is
+    /// killed, said as a crash (a stop that never ends), and its status
+    /// is that of the kill.
     fn reap(&self, i: usize) -> Option<std::process::ExitStatus> {
-        let child = self.instances.lock().ok().and_then(|mut all| all[i].take());
-        child.and_then(|mut child| child.wait().ok())
+        let mut child = self
+            .instances
+            .lock()
+            .ok()
+            .and_then(|mut all| all[i].take())?;
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                _ => break,
+            }
+        }
+        self.crashed(format!(
+            "instance {i} did not end within 30 s of its signal"
+        ));
+        let _ = child.kill();
+        child.wait().ok()
     }
 
     /// Every instance running and ready.
@@ -504,34 +620,17 @@ fn sqlite3(file: &str, sql: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The body of `GET path` on `port` (200 only).
-fn http_get(port: u16, path: &str) -> Result<String, String> {
-    let mut stream =
-        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .map_err(|e| e.to_string())?;
-    match answer.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
-        _ => Err(format!("GET {path}: {answer}")),
-    }
-}
-
-/// Whether `/readyz` on `port` answers 200 within a second.
-fn ready(port: u16) -> bool {
+/// Whether `/readyz` on `port` answers 200 within a second. With a
+/// login's token: a verdict of its own, not one shared by a crowd of
+/// callers without one (up to a second old).
+fn ready(port: u16, token: &str) -> bool {
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let request =
-        format!("GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
     if stream.write_all(request.as_bytes()).is_err() {
         return false;
     }

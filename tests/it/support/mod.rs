@@ -55,6 +55,9 @@ pub fn postgres_host_port() -> (String, u16) {
 /// and a failure when `PLAN_INTAKE_REQUIRE_POSTGRES` is set.
 pub fn postgres_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    // Before this process's first Postgres connection: OpenSSL's state
+    // then outlives the test binary's exit (`keep_tls_state_past_exit`).
+    plan_intake::storage::keep_tls_state_past_exit();
     *AVAILABLE.get_or_init(|| match PgConnection::establish(&postgres_base_url()) {
         Ok(_) => true,
         Err(e) => {
