@@ -1,13 +1,14 @@
-//! The soak in the suite: two short runs side by side, one with a fixed
-//! seed and one with a random seed (printed, to repeat it): two instances
-//! on a Postgres database of their own under seeded planners, a follower
-//! and the nemesis, the whole history checked at the end
-//! (`crates/soak`). The long run is by hand: README, "The soak".
+//! The soak in the suite: runs of 30 s side by side, with a fixed seed on
+//! Postgres and on SQLite and with a random seed on Postgres (printed, to
+//! repeat it), the whole history checked at the end (`crates/soak`); and
+//! short runs with a known defect switched on, which the checker must
+//! report. The long run is by hand: README, "The soak".
 
 use crate::support::process::BIN;
 
 fn soak(seed: u64, sqlite: bool) {
-    let Some(outcome) = soak_with(seed, 20, &[], &[], sqlite) else {
+    // Together the fixed and the random seed soak Postgres for a minute.
+    let Some(outcome) = soak_with(seed, 30, &[], &[], sqlite) else {
         return;
     };
     let said = outcome
@@ -89,7 +90,7 @@ fn a_short_soak_on_sqlite_keeps_every_promise() {
 fn a_short_soak_with_a_random_seed_keeps_every_promise() {
     let seed = rand::random::<u64>() % 1_000_000;
     eprintln!(
-        "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 20 --planners 3)"
+        "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 30 --planners 3)"
     );
     soak(seed, false);
 }
@@ -141,5 +142,27 @@ fn a_soak_finds_a_cursor_saved_before_its_page() {
             .any(|v| v.contains("reader exec handed on") && v.contains(" missing")),
         "the defect found: {said}\n{}",
         outcome.summary.join("\n")
+    );
+}
+
+/// The control for the test above: the same seed and reader kills
+/// without the defect keep every promise, so what it reports is the
+/// defect's.
+#[test]
+fn a_soak_of_reader_kills_alone_keeps_every_promise() {
+    let Some(outcome) = soak_with(13, 12, &[], &["kill -9 of a reader"], false) else {
+        return;
+    };
+    let said = outcome
+        .violations
+        .iter()
+        .chain(&outcome.summary)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(outcome.violations.is_empty(), "{said}");
+    assert!(
+        said.contains("kill -9 of a reader: "),
+        "readers were killed: {said}"
     );
 }
