@@ -638,11 +638,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<receipt_log::CheckpointExtension>, ReadError> {
         use crate::storage::receipt_log::{ProofError, extension};
-        let mut answer = None;
-        self.db.read(deadline, |conn| {
-            answer = Some(extension(conn, size, since));
-            Ok(())
-        })?;
+        let answer = Some(proof_read(&self.db, deadline, |conn| {
+            extension(conn, size, since)
+        })?);
         let texts =
             |hashes: Vec<tlog_tiles::Hash>| hashes.iter().map(ToString::to_string).collect();
         match answer {
@@ -676,11 +674,7 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<receipt_log::CheckpointStart>, ReadError> {
         use crate::storage::receipt_log::{ProofError, start_at};
-        let mut answer = None;
-        self.db.read(deadline, |conn| {
-            answer = Some(start_at(conn, size));
-            Ok(())
-        })?;
+        let answer = Some(proof_read(&self.db, deadline, |conn| start_at(conn, size))?);
         match answer {
             Some(Ok((edge, last))) => {
                 let after = match last {
@@ -713,34 +707,30 @@ impl Intake {
     ) -> Result<Option<Vec<u8>>, ReadError> {
         use crate::storage::receipt_log::{ProofError, hash_tile, logged_receipts};
         let corrupt = |e: String| ReadError::Corrupt(e.into());
-        let mut answer = None;
-        self.db.read(deadline, |conn| {
-            answer = Some(match tile {
-                receipt_log::TileRequest::Hashes {
-                    level,
-                    index,
-                    width,
-                } => hash_tile(conn, level, index, width).map(|data| data.map(Ok)),
-                receipt_log::TileRequest::Entries { index, width } => {
-                    logged_receipts(conn, index.saturating_mul(256), width).map(|rows| {
-                        rows.map(|rows| {
-                            let leaves = rows
-                                .iter()
-                                .map(|row| {
-                                    let row = row.as_ref().ok_or("a logged plan is gone")?;
-                                    let receipt =
-                                        <Receipt as receipt::ReceiptOfRow>::from_row(row, None)
-                                            .map_err(|e| e.to_string())?;
-                                    signing::signed_form(&receipt).map_err(|e| e.to_string())
-                                })
-                                .collect::<Result<Vec<_>, String>>()?;
-                            receipt_log::entry_bundle(&leaves)
-                        })
+        let answer = Some(proof_read(&self.db, deadline, |conn| match tile {
+            receipt_log::TileRequest::Hashes {
+                level,
+                index,
+                width,
+            } => hash_tile(conn, level, index, width).map(|data| data.map(Ok)),
+            receipt_log::TileRequest::Entries { index, width } => {
+                logged_receipts(conn, index.saturating_mul(256), width).map(|rows| {
+                    rows.map(|rows| {
+                        let leaves = rows
+                            .iter()
+                            .map(|row| {
+                                let row = row.as_ref().ok_or("a logged plan is gone")?;
+                                let receipt =
+                                    <Receipt as receipt::ReceiptOfRow>::from_row(row, None)
+                                        .map_err(|e| e.to_string())?;
+                                signing::signed_form(&receipt).map_err(|e| e.to_string())
+                            })
+                            .collect::<Result<Vec<_>, String>>()?;
+                        receipt_log::entry_bundle(&leaves)
                     })
-                }
-            });
-            Ok(())
-        })?;
+                })
+            }
+        })?);
         match answer {
             Some(Ok(Some(Ok(data)))) => self.replicated(Some(data), deadline),
             Some(Ok(Some(Err(e)))) => Err(corrupt(e)),
@@ -772,11 +762,9 @@ impl Intake {
             return Ok(None);
         }
         use crate::storage::receipt_log::{ProofError, inclusion_proof};
-        let mut answer = None;
-        self.db.read(deadline, |conn| {
-            answer = Some(inclusion_proof(conn, receipt_id));
-            Ok(())
-        })?;
+        let answer = Some(proof_read(&self.db, deadline, |conn| {
+            inclusion_proof(conn, receipt_id)
+        })?);
         match answer {
             Some(Ok((index, proof, checkpoint))) => {
                 let text = receipt_log::proof_text(index, &proof, &checkpoint.note);
@@ -800,11 +788,9 @@ impl Intake {
         deadline: &Deadline,
     ) -> Result<Option<String>, ReadError> {
         use crate::storage::receipt_log::{ProofError, consistency_proof};
-        let mut answer = None;
-        self.db.read(deadline, |conn| {
-            answer = Some(consistency_proof(conn, old, new));
-            Ok(())
-        })?;
+        let answer = Some(proof_read(&self.db, deadline, |conn| {
+            consistency_proof(conn, old, new)
+        })?);
         match answer {
             Some(Ok(proof)) => {
                 let text = proof.iter().map(|h| format!("{h}\n")).collect();
@@ -891,4 +877,23 @@ impl Intake {
         self.metrics
             .set_barrier_waiting(self.db.replication_waiters());
     }
+}
+
+/// A read of the log's proofs whose database error goes back to
+/// `Database::read`, which drops a connection found dead and reads again
+/// (a failover, a PgBouncer restarted); the other errors are answers.
+/// Handed back as a value, a dead connection's error was a 500 (the soak
+/// found it: PgBouncer killed under a verifying reader's wait).
+fn proof_read<T>(
+    db: &crate::storage::Database,
+    deadline: &Deadline,
+    mut step: impl FnMut(
+        &mut crate::storage::DbConn,
+    ) -> Result<T, crate::storage::receipt_log::ProofError>,
+) -> Result<Result<T, crate::storage::receipt_log::ProofError>, crate::storage::StorageError> {
+    use crate::storage::receipt_log::ProofError;
+    db.read(deadline, |conn| match step(conn) {
+        Err(ProofError::Database(e)) => Err(e),
+        other => Ok(other),
+    })
 }

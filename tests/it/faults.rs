@@ -614,3 +614,47 @@ async fn connections_the_server_closed_are_replaced_without_a_failed_request() {
     assert_eq!(read.status, StatusCode::OK);
     app.assert_rows(5, 5);
 }
+
+/// The log's proofs too: every pooled connection terminated by the server
+/// between two reads, the next extension read meets a dead connection,
+/// which is discarded, and the read made again, never a 500 (the soak
+/// found one: PgBouncer killed under a verifying reader's wait).
+#[actix_web::test]
+async fn a_proof_read_on_a_connection_the_server_closed_is_made_again() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let (app, schema) = TestApp::named(scratch);
+    let token = app.login("planner-a", PLANNER);
+    let (key, _) = plan_intake::intake::signing::SigningKey::generate("faults").expect("a key");
+    let intake = app.intake.clone().signing_with(std::sync::Arc::new(key));
+    let service = app.service_with(intake.clone()).await;
+    for i in 0..3 {
+        let run = format!("run-{i}");
+        let answer = send(&service, post_plan(&token, &run, &plan_body(&run, "x"))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    }
+    intake
+        .append_receipts("plan-intake.test/faults", 100, None, None)
+        .expect("a round of the log");
+    let extension = "/v1/checkpoint/extension?size=3";
+    // Fill the pool with several open connections.
+    let warm = futures_util::future::join_all(
+        (0..4).map(|_| send(&service, crate::support::get(&token, extension))),
+    )
+    .await;
+    assert!(
+        warm.iter().all(|a| a.status == StatusCode::OK),
+        "{:?}",
+        warm[0].body
+    );
+    let terminated = scalar(
+        &mut app.conn(),
+        &format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE application_name = '{schema}'"
+        ),
+    );
+    assert!(terminated >= 1, "no pooled connection to terminate");
+    let answer = send(&service, crate::support::get(&token, extension)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+}
