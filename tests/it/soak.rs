@@ -1,23 +1,49 @@
 //! The soak in the suite: runs of 30 s side by side, with a fixed seed on
-//! Postgres and on SQLite and with a random seed on Postgres (printed, to
-//! repeat it), the whole history checked at the end (`crates/soak`); and
+//! Postgres (a primary and a synchronous standby of the soak's own) and on
+//! SQLite and with a random seed on Postgres (printed, to repeat it), and
+//! 20 s of the database's own faults (the primary restarted immediately,
+//! failovers), the whole history checked at the end (`crates/soak`); and
 //! short runs with a known defect switched on, which the checker must
 //! report. The long run is by hand: README, "The soak".
 
 use crate::support::process::BIN;
 
-fn soak(seed: u64, sqlite: bool) {
-    // Together the fixed and the random seed soak Postgres for a minute.
-    let Some(outcome) = soak_with(seed, 30, &[], &[], sqlite) else {
-        return;
-    };
-    let said = outcome
+/// Where a soak's database is (`plan_intake_soak::Database`, the shared
+/// server's URL filled in).
+#[derive(Clone, Copy)]
+enum Backend {
+    /// A primary and a synchronous standby of the soak's own.
+    Replicated,
+    /// The same with the standby asynchronous and behind at each failover.
+    ReplicatedLossy,
+    /// A database on the suite's Postgres server.
+    Server,
+    Sqlite,
+}
+
+/// The violations and the summary, one line each.
+fn said(outcome: &plan_intake_soak::Outcome) -> String {
+    outcome
         .violations
         .iter()
         .chain(&outcome.summary)
         .cloned()
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+fn soak(seed: u64, backend: Backend) {
+    // Together the fixed and the random seed soak Postgres for a minute.
+    soak_of(seed, 30, &[], backend);
+}
+
+/// A soak of `seconds` drawing from `faults` (every kind when empty) that
+/// must keep every promise.
+fn soak_of(seed: u64, seconds: u64, faults: &[&str], backend: Backend) -> String {
+    let Some(outcome) = soak_with(seed, seconds, &[], faults, backend) else {
+        return String::new();
+    };
+    let said = said(&outcome);
     eprintln!("{said}");
     assert!(outcome.violations.is_empty(), "{said}");
     let last = outcome.summary.last().expect("a summary");
@@ -28,6 +54,7 @@ fn soak(seed: u64, sqlite: bool) {
         .unwrap_or(0);
     assert!(acknowledged > 100, "{said}");
     assert!(!last.contains(" 0 faults"), "the nemesis struck: {said}");
+    said
 }
 
 /// A soak of `seconds` (its history kept in target/soak/); `None` without
@@ -37,8 +64,9 @@ fn soak_with(
     seconds: u64,
     env: &[(&str, &str)],
     faults: &[&str],
-    sqlite: bool,
+    backend: Backend,
 ) -> Option<plan_intake_soak::Outcome> {
+    let sqlite = matches!(backend, Backend::Sqlite);
     if !sqlite && !crate::support::postgres_available() {
         return None;
     }
@@ -53,12 +81,24 @@ fn soak_with(
         instances: 2,
         planners: 3,
         bin: BIN.into(),
-        postgres: (!sqlite).then(|| server.as_str().trim_end_matches('/').to_owned()),
+        database: match backend {
+            Backend::Replicated => plan_intake_soak::Database::Replicated,
+            Backend::ReplicatedLossy => plan_intake_soak::Database::ReplicatedLossy,
+            Backend::Server => {
+                plan_intake_soak::Database::Server(server.as_str().trim_end_matches('/').to_owned())
+            }
+            Backend::Sqlite => plan_intake_soak::Database::Sqlite,
+        },
         history: dir.join(format!(
-            "history-{seed}-{}-{}{}.jsonl",
+            "history-{seed}-{}-{}-{}.jsonl",
             env.len(),
             faults.len(),
-            if sqlite { "-sqlite" } else { "" }
+            match backend {
+                Backend::Replicated => "replicated",
+                Backend::ReplicatedLossy => "lossy",
+                Backend::Server => "server",
+                Backend::Sqlite => "sqlite",
+            }
         )),
         env: env
             .iter()
@@ -76,14 +116,14 @@ fn soak_with(
 
 #[test]
 fn a_short_soak_with_a_fixed_seed_keeps_every_promise() {
-    soak(7, false);
+    soak(7, Backend::Replicated);
 }
 
 /// One instance on a SQLite file, under the same planners, readers and
 /// nemesis.
 #[test]
 fn a_short_soak_on_sqlite_keeps_every_promise() {
-    soak(7, true);
+    soak(7, Backend::Sqlite);
 }
 
 #[test]
@@ -92,7 +132,73 @@ fn a_short_soak_with_a_random_seed_keeps_every_promise() {
     eprintln!(
         "soak: seed {seed} (its draws again: cargo run -p plan-intake-soak -- --seed {seed} --seconds 30 --planners 3)"
     );
-    soak(seed, false);
+    soak(seed, Backend::Replicated);
+}
+
+/// The database's own faults under load: the primary crashed and
+/// recovered, failovers to the synchronous standby (the old primary
+/// rebuilt as the new standby), and connections cut right after a
+/// COMMIT. Nothing acknowledged may be lost, and the log and the
+/// readers go on across each new timeline.
+#[test]
+fn a_soak_of_primary_restarts_and_failovers_keeps_every_promise() {
+    let said = soak_of(
+        19,
+        20,
+        &[
+            "primary restarted immediately",
+            "failover to the synchronous standby",
+            "cut after a COMMIT",
+        ],
+        Backend::Replicated,
+    );
+    if said.is_empty() {
+        return;
+    }
+    for kind in [
+        "primary restarted immediately: ",
+        "failover to the synchronous standby: ",
+    ] {
+        assert!(said.contains(kind), "{kind}: {said}");
+    }
+    assert!(said.contains("its standby in sync"), "{said}");
+    // Each failover promoted the standby: a new timeline each.
+    let number_after = |text: &str| -> Option<u64> {
+        let at = said.find(text)? + text.len();
+        said[at..].split([' ', ',']).next()?.parse().ok()
+    };
+    let failovers = number_after("failover to the synchronous standby: ");
+    let timeline = number_after("on timeline ");
+    assert_eq!(timeline, failovers.map(|n| n + 1), "{said}");
+}
+
+/// The control for the test above, so what it shows is the synchronous
+/// standby's: the same failovers to a standby that is asynchronous and a
+/// second behind lose acknowledged plans, and the checker says so.
+#[test]
+fn a_soak_finds_the_plans_a_lossy_failover_lost() {
+    let Some(outcome) = soak_with(
+        19,
+        10,
+        &[],
+        &["failover to the synchronous standby"],
+        Backend::ReplicatedLossy,
+    ) else {
+        return;
+    };
+    let said = said(&outcome);
+    eprintln!(
+        "{} violations; {}",
+        outcome.violations.len(),
+        outcome.summary.join("\n")
+    );
+    assert!(
+        outcome
+            .violations
+            .iter()
+            .any(|v| v.contains("acknowledged receipt") && v.ends_with("is not stored")),
+        "the loss found: {said}"
+    );
 }
 
 /// The checker can fail: with a known defect switched on (a replay
@@ -105,7 +211,7 @@ fn a_soak_finds_a_replay_answered_with_a_new_receipt() {
         8,
         &[("PLAN_INTAKE_TEST_DEFECT_NEW_RECEIPT_ON_REPLAY", "1")],
         &[],
-        false,
+        Backend::Server,
     ) else {
         return;
     };
@@ -130,7 +236,7 @@ fn a_soak_finds_a_cursor_saved_before_its_page() {
         12,
         &[("PLAN_INTAKE_TEST_DEFECT_CURSOR_BEFORE_PAGE", "1")],
         &["kill -9 of a reader"],
-        false,
+        Backend::Server,
     ) else {
         return;
     };
@@ -150,16 +256,10 @@ fn a_soak_finds_a_cursor_saved_before_its_page() {
 /// defect's.
 #[test]
 fn a_soak_of_reader_kills_alone_keeps_every_promise() {
-    let Some(outcome) = soak_with(13, 12, &[], &["kill -9 of a reader"], false) else {
+    let Some(outcome) = soak_with(13, 12, &[], &["kill -9 of a reader"], Backend::Server) else {
         return;
     };
-    let said = outcome
-        .violations
-        .iter()
-        .chain(&outcome.summary)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("\n");
+    let said = said(&outcome);
     assert!(outcome.violations.is_empty(), "{said}");
     assert!(
         said.contains("kill -9 of a reader: "),

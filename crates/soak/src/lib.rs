@@ -1,7 +1,9 @@
 //! The soak (issue 52): the whole system under random faults and routine
-//! operations, its history checked. On Postgres, two instances signing
-//! receipts (one through a real PgBouncer), each behind a fault proxy and
-//! on a socket the soak holds across restarts; or one instance on SQLite.
+//! operations, its history checked. On Postgres (a primary and a
+//! synchronous standby of the soak's own, or a database on a given
+//! server), two instances signing receipts (one through a real
+//! PgBouncer), each behind a fault proxy and on a socket the soak holds
+//! across restarts; or one instance on SQLite.
 //! Planners send through the client crate with duplicates the way real
 //! planners make them; readers follow the feed (in process, `--exec` and
 //! `--verify` processes); a nemesis draws from process faults, database
@@ -12,6 +14,7 @@
 //! ARCHITECTURE.md, "How the product is checked".
 
 mod checker;
+mod cluster;
 mod history;
 mod nemesis;
 mod pgbouncer;
@@ -37,9 +40,8 @@ pub struct Options {
     pub planners: usize,
     /// The plan-intake binary to run.
     pub bin: PathBuf,
-    /// The Postgres server (a database of the soak's own is made on it);
-    /// `None`: one instance on a SQLite file instead.
-    pub postgres: Option<String>,
+    /// What the instances keep their plans in.
+    pub database: Database,
     /// Where the history goes (one JSON line per event).
     pub history: PathBuf,
     /// More environment for every process it starts, instances and
@@ -52,6 +54,24 @@ pub struct Options {
     /// On Postgres with two instances or more: the last through a real
     /// PgBouncer in transaction mode.
     pub pgbouncer: bool,
+}
+
+/// Where the soak's database is.
+pub enum Database {
+    /// A primary with a synchronous standby, both of the soak's own
+    /// (`pg_createcluster`): the nemesis also restarts the primary
+    /// immediately and fails over to the standby.
+    Replicated,
+    /// The checker's control for failovers: the standby asynchronous, and
+    /// a second of the primary's WAL held back from it before each
+    /// failover, so acknowledged plans are lost (what no synchronous
+    /// standby allows).
+    ReplicatedLossy,
+    /// A database of the soak's own on this Postgres server (its URL,
+    /// without a database name).
+    Server(String),
+    /// One instance on a SQLite file.
+    Sqlite,
 }
 
 /// What a run found: its violations (one line each, with the seed) and
@@ -90,11 +110,11 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
     let history = Arc::new(history::History::create(&options.history)?);
     let system = Arc::new(system::System::start(
         &options.bin,
-        options.postgres.as_deref(),
-        if options.postgres.is_some() {
-            options.instances
-        } else {
+        &options.database,
+        if matches!(options.database, Database::Sqlite) {
             1
+        } else {
+            options.instances
         },
         seed,
         options.planners,
@@ -135,6 +155,7 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
     history.record(serde_json::json!({"kind": "phase", "phase": "checked"}));
     let mut summary = faults.recovery_lines();
     summary.extend(checker::notes(&system, &history));
+    summary.extend(system.pair.as_ref().map(cluster::Pair::describe));
     summary.push(format!(
         "soak: seed {seed}, {} s, {acknowledged} acknowledgements, {} faults of {} kinds, {} violations",
         started.elapsed().as_secs(),

@@ -24,13 +24,18 @@ struct Args {
     /// The plan-intake binary to run
     #[arg(long, default_value = "target/debug/plan-intake")]
     bin: PathBuf,
-    /// The Postgres server (a database of the soak's own is made on it)
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    postgres: String,
+    /// A Postgres server to make the soak's database on (such as
+    /// postgres://postgres@127.0.0.1:5432), instead of a primary and a
+    /// synchronous standby of the soak's own (pg_createcluster, as root);
+    /// without a standby the nemesis neither restarts the primary nor
+    /// fails over
+    #[arg(long)]
+    postgres: Option<String>,
     /// Only these kinds of fault, comma-separated (every kind when not
     /// given): kill -9, SIGSTOP, graceful restart, database connections
     /// cut, cut after a COMMIT, database connections stalled, PgBouncer
-    /// kill -9, kill -9 of a reader, logins rotate, keys prune, migrate
+    /// kill -9, primary restarted immediately, failover to the synchronous
+    /// standby, kill -9 of a reader, logins rotate, keys prune, migrate
     /// run, audit, verify, signing key rotation
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
@@ -54,7 +59,11 @@ fn main() {
         instances: args.instances,
         planners: args.planners,
         bin: args.bin,
-        postgres: (!args.sqlite).then_some(args.postgres),
+        database: match (args.sqlite, args.postgres) {
+            (true, _) => plan_intake_soak::Database::Sqlite,
+            (false, Some(server)) => plan_intake_soak::Database::Server(server),
+            (false, None) => plan_intake_soak::Database::Replicated,
+        },
         history: args.history,
         env: Vec::new(),
         faults: args.faults,

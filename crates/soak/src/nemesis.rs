@@ -4,7 +4,10 @@
 //! transactions and key rows held meanwhile), a graceful restart, or on
 //! Postgres its connections to the database (through a fault proxy) cut,
 //! cut right after one forwarded a `COMMIT` (its outcome unknown to the
-//! instance), or stalled for 1-5 s; kill -9
+//! instance), or stalled for 1-5 s; with the soak's own primary and
+//! standby, the primary restarted immediately (a crash) or a failover to
+//! the synchronous standby, the old primary rebuilt as the new standby;
+//! kill -9
 //! of a reader (started again); or the routine, on the live system:
 //! `logins rotate` of a planner's login while it sends, `keys prune`,
 //! `migrate run`, `audit` and `verify`, each of which must succeed, and a
@@ -61,7 +64,7 @@ impl Faults {
 
 /// What the nemesis draws from, with weights: faults of an instance,
 /// a reader killed, and the routine an operator runs on a live system.
-const KINDS: [(&str, u32); 14] = [
+const KINDS: [(&str, u32); 16] = [
     ("kill -9", 15),
     ("SIGSTOP", 15),
     ("graceful restart", 15),
@@ -69,6 +72,8 @@ const KINDS: [(&str, u32); 14] = [
     ("cut after a COMMIT", 12),
     ("database connections stalled", 8),
     ("PgBouncer kill -9", 5),
+    ("primary restarted immediately", 4),
+    ("failover to the synchronous standby", 4),
     ("kill -9 of a reader", 15),
     ("logins rotate", 8),
     ("keys prune", 5),
@@ -100,6 +105,8 @@ pub fn run(
                 || !kind.contains("database connections") && !kind.contains("COMMIT")
         })
         .filter(|(kind, _)| system.pgbouncer.is_some() || !kind.starts_with("PgBouncer"))
+        // A primary to restart and a standby to fail over to: the soak's own.
+        .filter(|(kind, _)| system.pair.is_some() || !kind.contains("primary"))
         .copied()
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -175,6 +182,18 @@ pub fn run(
                 Some(bouncer) => bouncer
                     .kill_9_and_restart()
                     .and_then(|()| system.await_ready(system.count() - 1, Duration::from_secs(30))),
+                None => Ok(()),
+            },
+            "primary restarted immediately" => match &system.pair {
+                Some(pair) => pair
+                    .restart_primary_immediately()
+                    .and_then(|()| system.all_ready(Duration::from_secs(60))),
+                None => Ok(()),
+            },
+            "failover to the synchronous standby" => match &system.pair {
+                Some(pair) => pair
+                    .fail_over()
+                    .and_then(|()| system.all_ready(Duration::from_secs(60))),
                 None => Ok(()),
             },
             "database connections stalled" => {

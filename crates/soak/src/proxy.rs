@@ -26,6 +26,11 @@ struct Shared {
     cut_a_commit: AtomicBool,
     /// The proxy is dropped: accept no more.
     closed: AtomicBool,
+    /// Where new connections go (`host:port`).
+    upstream: Mutex<String>,
+    /// Bytes pumped both ways unread: no `COMMIT` to find (a forwarder,
+    /// which TLS may pass through).
+    plain: bool,
 }
 
 pub struct FaultProxy {
@@ -36,15 +41,35 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listens on a free local port, forwarding to `upstream` (`host:port`).
     pub fn start(upstream: String) -> Result<Self, String> {
+        Self::listen(upstream, false)
+    }
+
+    /// A plain forwarder to `upstream` that [`FaultProxy::set_upstream`]
+    /// points elsewhere: the one address that follows the primary (a
+    /// virtual IP, or a proxy that asks Patroni who leads).
+    pub fn forwarder(upstream: String) -> Result<Self, String> {
+        Self::listen(upstream, true)
+    }
+
+    fn listen(upstream: String, plain: bool) -> Result<Self, String> {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            upstream: Mutex::new(upstream),
+            plain,
+            ..Shared::default()
+        });
         let accepting = shared.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 if accepting.closed.load(Ordering::SeqCst) {
                     break;
                 }
+                let upstream = accepting
+                    .upstream
+                    .lock()
+                    .map(|u| u.clone())
+                    .unwrap_or_default();
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
@@ -64,12 +89,24 @@ impl FaultProxy {
                     sockets.push((c3, s3));
                 }
                 let up = accepting.clone();
-                std::thread::spawn(move || frontend_to_server(client, server, &up));
+                if accepting.plain {
+                    std::thread::spawn(move || pump(client, server, &up));
+                } else {
+                    std::thread::spawn(move || frontend_to_server(client, server, &up));
+                }
                 let down = accepting.clone();
                 std::thread::spawn(move || pump(s2, c2, &down));
             }
         });
         Ok(Self { port, shared })
+    }
+
+    /// New connections go to `upstream` from now on (the ones open stay
+    /// where they are: [`FaultProxy::cut_all`] ends them).
+    pub fn set_upstream(&self, upstream: String) {
+        if let Ok(mut to) = self.shared.upstream.lock() {
+            *to = upstream;
+        }
     }
 
     /// Every connection open now, cut.
@@ -96,6 +133,11 @@ impl FaultProxy {
         }
         self.shared.cut_at_commit.store(false, Ordering::SeqCst);
         self.shared.cut_a_commit.load(Ordering::SeqCst)
+    }
+
+    /// Nothing forwarded, either way, while `stalled`.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.shared.stalled.store(stalled, Ordering::SeqCst);
     }
 
     /// Nothing forwarded, either way, for `stall`.

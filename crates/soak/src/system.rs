@@ -43,12 +43,15 @@ pub struct System {
     pub pgbouncer: Option<crate::pgbouncer::PgBouncer>,
     /// Instances that ended otherwise than the nemesis ended them.
     crashes: Mutex<Vec<String>>,
+    /// The primary and its synchronous standby, when the soak made its
+    /// own (dropped last: after the database on it).
+    pub pair: Option<crate::cluster::Pair>,
 }
 
 impl System {
     pub fn start(
         bin: &Path,
-        postgres: Option<&str>,
+        database: &crate::Database,
         instances: usize,
         seed: u64,
         planners: usize,
@@ -62,7 +65,19 @@ impl System {
             ));
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let (postgres, database_url) = match postgres {
+        let pair = match database {
+            crate::Database::Replicated => Some(crate::cluster::Pair::create(false)?),
+            crate::Database::ReplicatedLossy => Some(crate::cluster::Pair::create(true)?),
+            _ => None,
+        };
+        let server = match database {
+            crate::Database::Sqlite => None,
+            crate::Database::Server(url) => Some(url.clone()),
+            crate::Database::Replicated | crate::Database::ReplicatedLossy => {
+                pair.as_ref().map(crate::cluster::Pair::server_url)
+            }
+        };
+        let (postgres, database_url) = match server.as_deref() {
             Some(server) => {
                 let database = format!(
                     "soak_{}_{}_{:04x}",
@@ -105,6 +120,7 @@ impl System {
             proxies: Vec::new(),
             pgbouncer: None,
             crashes: Mutex::new(Vec::new()),
+            pair,
         };
         if let Some((_, database)) = &system.postgres {
             let upstream = host_port(&system.database_url)?;
@@ -526,6 +542,12 @@ impl System {
         ));
         let _ = child.kill();
         child.wait().ok()
+    }
+
+    /// Every instance ready within `within` (after a fault of the
+    /// database, which all of them meet).
+    pub fn all_ready(&self, within: Duration) -> Result<(), String> {
+        (0..self.count()).try_for_each(|i| self.await_ready(i, within))
     }
 
     /// Every instance running and ready.

@@ -67,7 +67,7 @@ impl PgBouncer {
                 "[databases]\n{db} = host={host} port={pg_port} dbname={db}\n\n\
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
                  auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
-                 max_client_conn = 400\ndefault_pool_size = 20\n\
+                 max_client_conn = 400\ndefault_pool_size = 20\nserver_login_retry = 1\n\
                  pidfile = {pid}\nlogfile = {log}\n",
                 db = bouncer.database,
                 users = bouncer.path("users.txt").display(),
