@@ -18,6 +18,17 @@ pub fn notes(system: &System, history: &History) -> Vec<String> {
             cuts.len()
         ));
     }
+    let stops = history.of_kind("stop");
+    if !stops.is_empty() {
+        notes.push(format!(
+            "soak: SIGSTOP: {} of {} stops as a statement writing plans left (mid-batch)",
+            stops
+                .iter()
+                .filter(|stop| stop["mid_batch"] == true)
+                .count(),
+            stops.len()
+        ));
+    }
     for reader in &system.readers {
         let (handed, torn) = reader.handed_on();
         let unique: HashSet<&String> = handed.iter().collect();
@@ -52,61 +63,86 @@ pub fn check(
     followed: &[String],
 ) -> Result<Vec<String>, String> {
     let mut violations = Vec::new();
-    let submits = history.of_kind("submit");
     // The database's plans, in feed order.
     let feed = system.query("SELECT receipt_id FROM plans ORDER BY feed_xid, id")?;
     let mut stored: HashMap<&str, usize> = HashMap::new();
     for id in &feed {
         *stored.entry(id.as_str()).or_default() += 1;
     }
+    // Each acknowledged plan is stored as it was sent.
+    let stored_hashes: HashMap<String, String> = system
+        .query("SELECT receipt_id || ' ' || request_hash FROM plans")?
+        .into_iter()
+        .filter_map(|row| {
+            row.split_once(' ')
+                .map(|(id, hash)| (id.to_owned(), hash.to_owned()))
+        })
+        .collect();
     // Each key answers one receipt; each plan (a planner's run) one
     // receipt, whatever key it came under; every acknowledged receipt is
-    // stored exactly once.
-    let mut by_key: HashMap<(u64, String), HashSet<String>> = HashMap::new();
-    let mut by_plan: HashMap<(u64, String), HashSet<String>> = HashMap::new();
-    let mut acknowledged: Vec<String> = Vec::new();
-    for event in &submits {
+    // stored exactly once. One pass over the submissions as the history
+    // file holds them, keeping a few bytes each (a long run makes
+    // millions).
+    let mut by_key = Answered::default();
+    let mut by_plan = Answered::default();
+    let mut acknowledged: HashSet<String> = HashSet::new();
+    history.each_submit(|event| {
         let planner = event["planner"].as_u64().unwrap_or(u64::MAX);
-        // Every fault ends within a few seconds and a submit tries for 30:
+        // Every submit ends within its stated time (a little for the clock).
+        if let (Some(took), Some(timeout)) = (event["took_s"].as_f64(), event["timeout_s"].as_f64())
+            && took > timeout + 1.0
+        {
+            violations.push(format!(
+                "a submit of {} took {took:.1} s, past its {timeout} s",
+                event["key"]
+            ));
+        }
+        // Every fault ends within 20 s and a submit tries for 60:
         // an honest service answers every one of them.
         if let Some(error) = event["error"].as_str() {
             violations.push(format!(
                 "planner {planner}'s {} of {} ({} to instance {}) was never acknowledged: {error}",
                 event["why"], event["run_id"], event["key"], event["instance"]
             ));
-            continue;
+            return;
         }
         let Some(receipt) = event["receipt_id"].as_str() else {
             violations.push(format!("an acknowledgement without a receipt: {event}"));
-            continue;
+            return;
         };
-        let key = event["key"].as_str().unwrap_or_default().to_owned();
-        let run = event["run_id"].as_str().unwrap_or_default().to_owned();
-        by_key
-            .entry((planner, key))
-            .or_default()
-            .insert(receipt.to_owned());
-        by_plan
-            .entry((planner, run))
-            .or_default()
-            .insert(receipt.to_owned());
-        acknowledged.push(receipt.to_owned());
-    }
-    for ((planner, key), receipts) in &by_key {
-        if receipts.len() > 1 {
+        by_key.note(planner, event["key"].as_str().unwrap_or_default(), receipt);
+        by_plan.note(
+            planner,
+            event["run_id"].as_str().unwrap_or_default(),
+            receipt,
+        );
+        if let Some(sent) = event["request_hash"].as_str()
+            && let Some(kept) = stored_hashes.get(receipt)
+            && kept != sent
+        {
             violations.push(format!(
-                "planner {planner}'s key {key} answered {} receipts: {receipts:?}",
-                receipts.len()
+                "receipt {receipt} was acknowledged for {sent}, but its plan is stored as {kept}"
             ));
         }
-    }
-    for ((planner, run), receipts) in &by_plan {
-        if receipts.len() > 1 {
-            violations.push(format!(
-                "planner {planner}'s plan {run} has {} receipts: {receipts:?}",
-                receipts.len()
-            ));
+        if acknowledged.insert(receipt.to_owned()) {
+            match stored.get(receipt) {
+                Some(1) => {}
+                Some(n) => violations.push(format!("receipt {receipt} is stored {n} times")),
+                None => violations.push(format!("acknowledged receipt {receipt} is not stored")),
+            }
         }
+    })?;
+    for ((planner, key), receipts) in &by_key.more {
+        violations.push(format!(
+            "planner {planner}'s key {key} answered {} receipts: {receipts:?}",
+            receipts.len()
+        ));
+    }
+    for ((planner, run), receipts) in &by_plan.more {
+        violations.push(format!(
+            "planner {planner}'s plan {run} has {} receipts: {receipts:?}",
+            receipts.len()
+        ));
     }
     // Other content under a used key: refused, never a receipt.
     for event in history.of_kind("conflict") {
@@ -130,37 +166,6 @@ pub fn check(
             taken.len()
         ));
     }
-    // Each acknowledged plan is stored as it was sent.
-    let stored_hashes: HashMap<String, String> = system
-        .query("SELECT receipt_id || ' ' || request_hash FROM plans")?
-        .into_iter()
-        .filter_map(|row| {
-            row.split_once(' ')
-                .map(|(id, hash)| (id.to_owned(), hash.to_owned()))
-        })
-        .collect();
-    for event in &submits {
-        if let (Some(receipt), Some(sent)) =
-            (event["receipt_id"].as_str(), event["request_hash"].as_str())
-            && let Some(stored) = stored_hashes.get(receipt)
-            && stored != sent
-        {
-            violations.push(format!(
-                "receipt {receipt} was acknowledged for {sent}, but its plan is stored as {stored}"
-            ));
-        }
-    }
-    let mut seen = HashSet::new();
-    for receipt in &acknowledged {
-        if !seen.insert(receipt) {
-            continue;
-        }
-        match stored.get(receipt.as_str()) {
-            Some(1) => {}
-            Some(n) => violations.push(format!("receipt {receipt} is stored {n} times")),
-            None => violations.push(format!("acknowledged receipt {receipt} is not stored")),
-        }
-    }
     // The follower handed on the feed: every receipt, in its order, once.
     if followed != feed.as_slice() {
         let handed: HashSet<&String> = followed.iter().collect();
@@ -174,17 +179,6 @@ pub fn check(
             feed.len(),
             if missing + not_in_feed + repeated == 0 { ", out of order" } else { "" }
         ));
-    }
-    // Every submit ends within its stated time (a little for the clock).
-    for event in &submits {
-        if let (Some(took), Some(timeout)) = (event["took_s"].as_f64(), event["timeout_s"].as_f64())
-            && took > timeout + 1.0
-        {
-            violations.push(format!(
-                "a submit of {} took {took:.1} s, past its {timeout} s",
-                event["key"]
-            ));
-        }
     }
     // The readers (processes, killed and started again): each handed on
     // the whole feed in its order, a page again only after a kill.
@@ -278,6 +272,32 @@ pub fn check(
         }
     }
     Ok(violations)
+}
+
+/// The receipt each (planner, name) was answered first, and every
+/// receipt of the names answered more than one.
+#[derive(Default)]
+struct Answered {
+    first: HashMap<(u64, Box<str>), Box<str>>,
+    more: HashMap<(u64, Box<str>), std::collections::BTreeSet<Box<str>>>,
+}
+
+impl Answered {
+    fn note(&mut self, planner: u64, name: &str, receipt: &str) {
+        let key = (planner, Box::<str>::from(name));
+        match self.first.get(&key) {
+            None => {
+                self.first.insert(key, receipt.into());
+            }
+            Some(first) if **first == *receipt => {}
+            Some(first) => {
+                let first = first.clone();
+                let all = self.more.entry(key).or_default();
+                all.insert(first);
+                all.insert(receipt.into());
+            }
+        }
+    }
 }
 
 /// The most receipts a page holds (the followers' default limit).

@@ -1,7 +1,8 @@
 //! The nemesis: until the end of the run, every 1-4 s, one step drawn at
 //! random (`KINDS`): on an instance drawn at random, kill -9 (started
-//! again), a SIGSTOP of 1-5 s (a long GC pause, a frozen VM: its
-//! transactions and key rows held meanwhile), a graceful restart, or on
+//! again), a SIGSTOP of 1-20 s (a long GC pause, a frozen VM: on Postgres
+//! as a statement writing plans leaves it, so mid-batch), a graceful
+//! restart, or on
 //! Postgres its connections to the database (through a fault proxy) cut,
 //! cut right after one forwarded a `COMMIT` (its outcome unknown to the
 //! instance), or stalled for 1-5 s; with the soak's own primary and
@@ -137,6 +138,8 @@ pub fn run(
             })
             .map_or("kill -9", |(kind, _)| *kind);
         let paused = Duration::from_millis(rng.random_range(1_000..5_000));
+        // A long GC pause or a frozen VM: up to 20 s.
+        let frozen_for = Duration::from_millis(rng.random_range(1_000..20_000));
         let reader = rng.random_range(0..system.readers.len().max(1));
         let planner = rng.random_range(
             0..system
@@ -160,8 +163,30 @@ pub fn run(
         let done = match kind {
             "kill -9" => system.kill_9(instance),
             "SIGSTOP" => {
-                system.pause(instance);
-                std::thread::sleep(paused);
+                // On Postgres, mid-batch: frozen as its next statement
+                // writing plans leaves for the database (its answer then
+                // waits out the pause), else (none within 5 s, or SQLite,
+                // where a stop mid-write holds the database's lock) now.
+                let frozen = system.proxies.get(instance).is_some_and(|(proxy, _)| {
+                    let pid = system.pid(instance);
+                    proxy.at_next_write(
+                        Duration::from_secs(5),
+                        Box::new(move || {
+                            if let Some(pid) = pid {
+                                // SAFETY: kill(2) on the instance's pid, a
+                                // child the soak has not reaped.
+                                unsafe {
+                                    libc::kill(pid, libc::SIGSTOP);
+                                }
+                            }
+                        }),
+                    )
+                });
+                if !frozen {
+                    system.pause(instance);
+                }
+                history.record(json!({"kind": "stop", "instance": instance, "mid_batch": frozen, "pause_s": frozen_for.as_secs_f64()}));
+                std::thread::sleep(frozen_for);
                 system.resume(instance);
                 system.await_ready(instance, Duration::from_secs(30))
             }

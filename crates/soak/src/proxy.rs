@@ -26,6 +26,10 @@ struct Shared {
     cut_a_commit: AtomicBool,
     /// The proxy is dropped: accept no more.
     closed: AtomicBool,
+    /// Called once, from the connection's own thread, just before the
+    /// next statement that writes plans (`plan_intake_write`) is
+    /// forwarded: the instance frozen mid-batch.
+    at_next_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Where new connections go (`host:port`).
     upstream: Mutex<String>,
     /// Bytes pumped both ways unread: no `COMMIT` to find (a forwarder,
@@ -135,6 +139,31 @@ impl FaultProxy {
         self.shared.cut_a_commit.load(Ordering::SeqCst)
     }
 
+    /// `hook` runs once, just before the next statement writing plans is
+    /// forwarded; true when one was within `within` (else it is dropped
+    /// unrun).
+    pub fn at_next_write(&self, within: Duration, hook: Box<dyn FnOnce() + Send>) -> bool {
+        if let Ok(mut armed) = self.shared.at_next_write.lock() {
+            *armed = Some(hook);
+        }
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            if self
+                .shared
+                .at_next_write
+                .lock()
+                .map_or(true, |armed| armed.is_none())
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.shared
+            .at_next_write
+            .lock()
+            .map_or(true, |mut armed| armed.take().is_none())
+    }
+
     /// Nothing forwarded, either way, while `stalled`.
     pub fn set_stalled(&self, stalled: bool) {
         self.shared.stalled.store(stalled, Ordering::SeqCst);
@@ -198,6 +227,7 @@ fn frontend_to_server(mut client: TcpStream, mut server: TcpStream, shared: &Sha
         // Whole frames go on; a partial one waits for the rest.
         let mut whole = 0;
         let mut commit_ends = None;
+        let mut writes = false;
         loop {
             let rest = &pending[whole..];
             let (header, frame) = if started {
@@ -217,10 +247,17 @@ fn frontend_to_server(mut client: TcpStream, mut server: TcpStream, shared: &Sha
             if started && rest[0] == b'Q' && is_commit(&rest[5..frame]) {
                 commit_ends = Some(whole + frame);
             }
+            // A simple query or a prepared statement's Parse.
+            if started && matches!(rest[0], b'Q' | b'P') && writes_plans(&rest[5..frame]) {
+                writes = true;
+            }
             started = true;
             whole += frame;
         }
         wait_while_stalled(shared);
+        if writes && let Some(hook) = shared.at_next_write.lock().ok().and_then(|mut h| h.take()) {
+            hook();
+        }
         if let Some(end) = commit_ends
             && shared.cut_at_commit.swap(false, Ordering::SeqCst)
         {
@@ -235,6 +272,13 @@ fn frontend_to_server(mut client: TcpStream, mut server: TcpStream, shared: &Sha
     }
     let _ = server.shutdown(Shutdown::Both);
     let _ = client.shutdown(Shutdown::Both);
+}
+
+/// A statement that calls the write function (alone or for a batch).
+fn writes_plans(frame: &[u8]) -> bool {
+    frame
+        .windows(b"plan_intake_write".len())
+        .any(|w| w == b"plan_intake_write")
 }
 
 fn be_u32(bytes: &[u8]) -> usize {

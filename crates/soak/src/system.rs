@@ -463,6 +463,14 @@ impl System {
         Err(format!("instance {i} was not ready within {within:?}"))
     }
 
+    /// Instance `i`'s pid while it runs.
+    pub fn pid(&self, i: usize) -> Option<i32> {
+        self.instances
+            .lock()
+            .ok()
+            .and_then(|all| all[i].as_ref().and_then(|c| i32::try_from(c.id()).ok()))
+    }
+
     fn signal(&self, i: usize, signal: i32) {
         if let Ok(instances) = self.instances.lock()
             && let Some(child) = &instances[i]

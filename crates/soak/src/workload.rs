@@ -51,7 +51,7 @@ fn send(
     let options = SubmitOptions {
         key: Some(sent.key.clone()),
         // Longer than any pause the nemesis makes, as a planner's would be.
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_secs(60),
         ..SubmitOptions::default()
     };
     let began = std::time::Instant::now();
