@@ -109,9 +109,14 @@ pub type WriterError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Reads stored hashes inside the caller's connection, after the ones an
 /// append is about to store.
+/// A read's database error is kept: the tree code sees only that a hash
+/// could not be read, and what it makes of that (a proof that fails, a
+/// tree that does not extend) is the database's failure, to be retried on
+/// another connection, never a verdict on the log.
 struct StoredHashes<'c> {
     conn: RefCell<&'c mut DbConn>,
     known: RefCell<HashMap<u64, Hash>>,
+    failed: RefCell<Option<diesel::result::Error>>,
 }
 
 impl<'c> StoredHashes<'c> {
@@ -119,6 +124,24 @@ impl<'c> StoredHashes<'c> {
         Self {
             conn: RefCell::new(conn),
             known: RefCell::default(),
+            failed: RefCell::default(),
+        }
+    }
+
+    /// Why a proof could not be made of the stored hashes: the database's
+    /// error if a read met one, else the tree's.
+    fn proof_error(&self, e: tlog_tiles::Error) -> ProofError {
+        match self.failed.borrow_mut().take() {
+            Some(database) => ProofError::Database(database),
+            None => ProofError::Tree(e.to_string()),
+        }
+    }
+
+    /// [`StoredHashes::proof_error`] for an append round.
+    fn append_error(&self, e: tlog_tiles::Error) -> AppendError {
+        match self.failed.borrow_mut().take() {
+            Some(database) => AppendError::Database(database),
+            None => AppendError::Tree(e.to_string()),
         }
     }
 }
@@ -139,7 +162,11 @@ impl HashReader for StoredHashes<'_> {
                     .select((receipt_log_hashes::hash_index, receipt_log_hashes::hash))
                     .load(c)
             })
-            .map_err(|e| tlog_tiles::Error::InvalidInput(format!("reading stored hashes: {e}")))?;
+            .map_err(|e| {
+                let said = tlog_tiles::Error::InvalidInput(format!("reading stored hashes: {e}"));
+                *self.failed.borrow_mut() = Some(e);
+                said
+            })?;
             for (index, bytes) in found {
                 let hash = <[u8; 32]>::try_from(bytes.as_slice())
                     .map_err(|_| tlog_tiles::Error::MalformedHash)?;
@@ -191,8 +218,7 @@ pub fn append(
         let tree = StoredHashes::new(conn);
         let (leaves, new_hashes) = add_leaves(&tree, from, &rows, &|row| writer.leaf(row))?;
         let to = from + rows.len() as u64;
-        let root =
-            tlog_tiles::tree_hash(to, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+        let root = tlog_tiles::tree_hash(to, &tree).map_err(|e| tree.append_error(e))?;
         let stored_signed = last_checkpoint
             .as_ref()
             .and_then(|c| Some((u64::try_from(c.tree_size).ok()?, c.root()?)));
@@ -274,8 +300,7 @@ fn add_leaves(
             receipt_id: row.receipt_id.clone(),
             source,
         })?;
-        let hashes = tlog_tiles::stored_hashes(n, &leaf, tree)
-            .map_err(|e| AppendError::Tree(e.to_string()))?;
+        let hashes = tlog_tiles::stored_hashes(n, &leaf, tree).map_err(|e| tree.append_error(e))?;
         let first = tlog_tiles::stored_hash_index(0, n);
         let mut known = tree.known.borrow_mut();
         for (k, hash) in hashes.iter().enumerate() {
@@ -341,7 +366,7 @@ fn take_state(conn: &mut DbConn) -> QueryResult<Option<StateRow>> {
 /// `signed` leaves with `signed_root`, by a consistency proof read from the
 /// stored hashes.
 fn extends(
-    tree: &impl HashReader,
+    tree: &StoredHashes<'_>,
     size: u64,
     root: Hash,
     signed: u64,
@@ -354,8 +379,13 @@ fn extends(
     if signed == 0 {
         return Ok(());
     }
-    let proof = tlog_tiles::prove_tree(size, signed, tree)
-        .map_err(|_| AppendError::Inconsistent { size, signed })?;
+    let proof = tlog_tiles::prove_tree(size, signed, tree).map_err(|e| {
+        match tree.append_error(e) {
+            // A hash the database would not give is no inconsistency.
+            database @ AppendError::Database(_) => database,
+            _ => AppendError::Inconsistent { size, signed },
+        }
+    })?;
     tlog_tiles::check_tree(&proof, size, root, signed, signed_root).map_err(|_| inconsistent)
 }
 
@@ -396,12 +426,11 @@ pub fn check_extends(
         let reached = size + rows.len() as u64;
         let tree = StoredHashes::new(conn);
         add_leaves(&tree, size, &rows, leaf_of)?;
-        let root =
-            tlog_tiles::tree_hash(reached, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+        let root = tlog_tiles::tree_hash(reached, &tree).map_err(|e| tree.append_error(e))?;
         return extends(&tree, reached, root, signed.0, signed.1);
     }
     let tree = StoredHashes::new(conn);
-    let root = tlog_tiles::tree_hash(size, &tree).map_err(|e| AppendError::Tree(e.to_string()))?;
+    let root = tlog_tiles::tree_hash(size, &tree).map_err(|e| tree.append_error(e))?;
     extends(&tree, size, root, signed.0, signed.1)
 }
 
@@ -651,8 +680,8 @@ pub fn inclusion_proof(
         .filter(|&i| i < u64::try_from(checkpoint.tree_size).unwrap_or(0))
         .ok_or(ProofError::NotYet)?;
     let size = u64::try_from(checkpoint.tree_size).unwrap_or(0);
-    let proof = tlog_tiles::prove_record(size, index, &StoredHashes::new(conn))
-        .map_err(|e| ProofError::Tree(e.to_string()))?;
+    let tree = StoredHashes::new(conn);
+    let proof = tlog_tiles::prove_record(size, index, &tree).map_err(|e| tree.proof_error(e))?;
     Ok((index, proof, checkpoint))
 }
 
@@ -665,8 +694,8 @@ pub fn consistency_proof(conn: &mut DbConn, old: u64, new: u64) -> Result<Vec<Ha
     if old == 0 || old > new || new > size {
         return Err(ProofError::NotYet);
     }
-    tlog_tiles::prove_tree(new, old, &StoredHashes::new(conn))
-        .map_err(|e| ProofError::Tree(e.to_string()))
+    let tree = StoredHashes::new(conn);
+    tlog_tiles::prove_tree(new, old, &tree).map_err(|e| tree.proof_error(e))
 }
 
 /// The newest checkpoint, the proof from a tree of `size` leaves, and the
@@ -700,8 +729,8 @@ pub fn extension(
         if old == 0 || old == newest {
             return Ok(Vec::new());
         }
-        tlog_tiles::prove_tree(newest, old, &StoredHashes::new(conn))
-            .map_err(|e| ProofError::Tree(e.to_string()))
+        let tree = StoredHashes::new(conn);
+        tlog_tiles::prove_tree(newest, old, &tree).map_err(|e| tree.proof_error(e))
     };
     let proof = prove(size)?;
     let since_proof = since
@@ -734,9 +763,11 @@ pub fn start_at(conn: &mut DbConn, size: u64) -> Result<Start, ProofError> {
             start += 1 << level;
         }
     }
-    let edge = StoredHashes::new(conn)
+    let tree = StoredHashes::new(conn);
+    let edge = tree
         .read_hashes(&indexes)
-        .map_err(|e| ProofError::Tree(e.to_string()))?;
+        .map_err(|e| tree.proof_error(e))?;
+    drop(tree);
     let Some(last) = size.checked_sub(1).and_then(|n| i64::try_from(n).ok()) else {
         return Ok((edge, None));
     };
@@ -789,10 +820,11 @@ pub fn hash_tile(
     if end.is_none_or(|end| end > available) {
         return Ok(None);
     }
+    let tree = StoredHashes::new(conn);
     tlog_tiles::Tile::new(8, level, index, width, false)
-        .read_data(&StoredHashes::new(conn))
+        .read_data(&tree)
         .map(Some)
-        .map_err(|e| ProofError::Tree(e.to_string()))
+        .map_err(|e| tree.proof_error(e))
 }
 
 /// The receipts of leaves `from..from + count` in the log's order, if the

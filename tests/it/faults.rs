@@ -658,3 +658,62 @@ async fn a_proof_read_on_a_connection_the_server_closed_is_made_again() {
     let answer = send(&service, crate::support::get(&token, extension)).await;
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
 }
+
+/// A proof's hash reads too: the connection dies while the tree code
+/// reads stored hashes (the soak found it: PgBouncer's "server conn
+/// crashed?" in the middle of an extension's proof after the primary
+/// restarted). The database's error was taken for the tree's, a 500
+/// ("does not make a tree"); it is the database's, and the read is made
+/// again on another connection.
+#[actix_web::test]
+async fn a_connection_lost_while_a_proof_reads_its_hashes_is_read_again() {
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let (app, schema) = TestApp::named(scratch);
+    let token = app.login("planner-a", PLANNER);
+    let (key, _) = plan_intake::intake::signing::SigningKey::generate("faults").expect("a key");
+    let intake = app.intake.clone().signing_with(std::sync::Arc::new(key));
+    let service = app.service_with(intake.clone()).await;
+    for i in 0..3 {
+        let run = format!("run-{i}");
+        let answer = send(&service, post_plan(&token, &run, &plan_body(&run, "x"))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+    }
+    intake
+        .append_receipts("plan-intake.test/faults", 100, None, None)
+        .expect("a round of the log");
+    // From 1 leaf to the newest 3: a proof read from the stored hashes,
+    // which wait behind a lock the test holds.
+    let mut holder = app.conn();
+    plan_intake::with_conn!(&mut *holder, c => c.batch_execute(
+        "BEGIN; LOCK TABLE receipt_log_hashes IN ACCESS EXCLUSIVE MODE"
+    ))
+    .expect("the hashes locked");
+    let read = send(
+        &service,
+        crate::support::get(&token, "/v1/checkpoint/extension?size=1"),
+    );
+    let waiting = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' \
+         AND wait_event_type = 'Lock' AND query LIKE '%receipt_log_hashes%'"
+    );
+    // The connection dies under the waiting read; then the lock goes.
+    let kill = async {
+        wait_until("the proof's hash read waits for the lock", || {
+            scalar(&mut app.conn(), &waiting) == 1
+        })
+        .await;
+        let terminated = scalar(
+            &mut app.conn(),
+            &format!(
+                "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+                 WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
+            ),
+        );
+        assert_eq!(terminated, 1);
+        plan_intake::with_conn!(&mut *holder, c => c.batch_execute("COMMIT")).expect("released");
+    };
+    let (answer, ()) = futures_util::future::join(read, kill).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+}

@@ -183,6 +183,66 @@ fn dashboard_expressions() -> Vec<(String, String)> {
     found
 }
 
+/// Each alert's `runbook_url` is a link an on-call engineer can follow
+/// from a page: on the project's repository (Cargo.toml's `repository`),
+/// to a heading of OPERATIONS.md that exists (GitHub's anchor for it).
+#[test]
+fn every_alert_links_to_its_runbook() {
+    let rules = std::fs::read_to_string(format!("{ROOT}/deploy/prometheus/plan-intake.rules.yml"))
+        .expect("the rules");
+    let manifest = std::fs::read_to_string(format!("{ROOT}/Cargo.toml")).expect("Cargo.toml");
+    let repository = manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("repository = "))
+        .expect("a repository in Cargo.toml")
+        .trim_matches('"');
+    let operations =
+        std::fs::read_to_string(format!("{ROOT}/docs/OPERATIONS.md")).expect("OPERATIONS.md");
+    // GitHub's anchor: lowercased, spaces to hyphens, other punctuation gone.
+    let anchors: Vec<String> = operations
+        .lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|heading| {
+            heading
+                .trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let page = format!("{repository}/blob/main/docs/OPERATIONS.md#");
+    let mut alerts: Vec<(String, Option<String>)> = Vec::new();
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alerts.push((name.trim().to_owned(), None));
+        } else if let Some(url) = line.strip_prefix("runbook_url:")
+            && let Some((_, link)) = alerts.last_mut()
+        {
+            *link = Some(url.trim().trim_matches('"').to_owned());
+        }
+    }
+    assert_eq!(alerts.len(), 13, "{alerts:?}");
+    for (alert, link) in &alerts {
+        let link = link
+            .as_deref()
+            .unwrap_or_else(|| panic!("{alert} has no runbook_url"));
+        let anchor = link
+            .strip_prefix(&page)
+            .unwrap_or_else(|| panic!("{alert}'s runbook_url {link} is not on {page}"));
+        assert!(
+            anchors.iter().any(|a| a == anchor),
+            "{alert}'s runbook_url names #{anchor}, which no heading of OPERATIONS.md makes"
+        );
+        assert_eq!(anchor, alert.to_lowercase(), "{alert}: its own section");
+    }
+}
+
 #[test]
 fn selectors_are_found_in_expressions() {
     assert_eq!(

@@ -148,7 +148,6 @@ fn a_soak_of_primary_restarts_and_failovers_keeps_every_promise() {
         &[
             "primary restarted immediately",
             "failover to the synchronous standby",
-            "cut after a COMMIT",
         ],
         Backend::Replicated,
     );

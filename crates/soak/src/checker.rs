@@ -230,7 +230,15 @@ pub fn check(
     for panic in system.panics() {
         violations.push(format!("an instance panicked: {panic}"));
     }
-    system.each_request_line(|line| {
+    system.each_log_line(|line| {
+        if line["message"] != "request" {
+            // What the instances said besides their answers (warnings and
+            // errors: what a violation's cause is looked for in), kept.
+            let mut said = line.clone();
+            said["kind"] = serde_json::json!("instance log");
+            history.record_to_file(said);
+            return;
+        }
         let status = line["status"].as_u64().unwrap_or(0);
         let told = line["retry_after"].as_str().unwrap_or("-");
         if status >= 500 && status != 503 {

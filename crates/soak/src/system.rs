@@ -319,6 +319,16 @@ impl System {
     /// its instance added), across restarts, one at a time: a long run
     /// logs millions.
     pub fn each_request_line(&self, mut each: impl FnMut(&serde_json::Value)) {
+        self.each_log_line(|event| {
+            if event["message"] == "request" {
+                each(event);
+            }
+        });
+    }
+
+    /// Calls `each` with every line the instances logged as JSON (its
+    /// instance added).
+    pub fn each_log_line(&self, mut each: impl FnMut(&serde_json::Value)) {
         use std::io::BufRead as _;
         for i in 0..self.count() {
             let Ok(file) = std::fs::File::open(self.dir.path().join(format!("instance-{i}.log")))
@@ -326,9 +336,7 @@ impl System {
                 continue;
             };
             for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
-                if let Ok(mut event) = serde_json::from_str::<serde_json::Value>(&line)
-                    && event["message"] == "request"
-                {
+                if let Ok(mut event) = serde_json::from_str::<serde_json::Value>(&line) {
                     event["instance"] = serde_json::json!(i);
                     each(&event);
                 }
