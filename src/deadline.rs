@@ -11,13 +11,23 @@ const ANSWER_RESERVE: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
     at: Instant,
+    /// When it was made (the request's arrival).
+    made: Instant,
 }
 
 impl Deadline {
     pub fn after(timeout: Duration) -> Self {
+        let made = Instant::now();
         Self {
-            at: Instant::now() + timeout,
+            at: made + timeout,
+            made,
         }
+    }
+
+    /// When the deadline was made: what the request read or wrote, it did
+    /// after this.
+    pub fn made(&self) -> Instant {
+        self.made
     }
 
     /// Time left, zero once passed.

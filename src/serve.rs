@@ -222,7 +222,8 @@ pub fn run(
         backend = %db.backend,
         database = %crate::storage::redact(database_url),
         file = %sqlite_file(database_url),
-        bind = %config.bind,
+        // Socket activation: systemd's sockets, not --bind (said when listening).
+        bind = %if inherited.is_empty() { config.bind.as_str() } else { "-" },
         "plan-intake starting"
     );
     let http_config = config.http();

@@ -137,7 +137,12 @@ impl Intake {
             .await;
         let answer_now = !self.db.replays_wait_for_standby();
         match written {
-            Ok(Written::Created(_)) => Ok(Ok(created(&plan, &caller.login, submission))),
+            // Where commits wait for a standby, even a new plan waits for
+            // the barrier (`storage::replication`): its COMMIT may have been
+            // told it committed when its wait was cancelled.
+            Ok(Written::Created(_)) if answer_now => {
+                Ok(Ok(created(&plan, &caller.login, submission)))
+            }
             Ok(Written::Unauthorized) => Ok(Err(SubmitError::Unauthorized)),
             Ok(Written::KeyHeld {
                 request_hash,
@@ -182,7 +187,10 @@ impl Intake {
                 }
             };
             let failure = match written {
-                Ok(Written::Created(_)) => return Ok(created(&plan, login, submission)),
+                Ok(Written::Created(_)) => {
+                    self.db.await_replicated(deadline)?;
+                    return Ok(created(&plan, login, submission));
+                }
                 // A committed key row, found by a read: nothing was written.
                 Ok(Written::KeyHeld {
                     request_hash,
@@ -194,6 +202,7 @@ impl Intake {
                 }
                 // Only this request's key row was written, for the kept plan.
                 Ok(Written::AlreadyReceived(row)) => {
+                    self.db.await_replicated(deadline)?;
                     return accepted(Outcome::AlreadyReceived, &row);
                 }
                 Ok(Written::Unauthorized) => return Err(SubmitError::Unauthorized),

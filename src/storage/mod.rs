@@ -115,7 +115,7 @@ impl Database {
         {
             feed::record_feed_base(pg)?;
             if let DatabaseTarget::Postgres(url) = manager.target() {
-                let durability = replication::commit_durability(pg, false)?;
+                let durability = replication::commit_durability(pg)?;
                 barrier = Some(ReplicationBarrier::start(url.clone(), &durability));
             }
         }
@@ -427,7 +427,7 @@ impl Database {
         Ok(match &mut *conn {
             DbConn::Sqlite(_) => (Durability::LocalFile, None),
             DbConn::Postgres(pg) => {
-                let durability = replication::commit_durability(pg, false)?;
+                let durability = replication::commit_durability(pg)?;
                 if let Some(barrier) = &self.barrier {
                     barrier.observe(&durability);
                 }

@@ -20,6 +20,20 @@
 //! asks. Where acknowledged commits do not wait for a standby at all
 //! (`Durability::waits_for_standby`), nobody waits.
 //!
+//! A barrier commit can be fooled the same way: cancelled while it waits,
+//! it returns as committed. Its session alone is told, by a WARNING, so
+//! the barrier's connection is libpq's own with its notices read (diesel
+//! drops them), and a round whose COMMIT was told a warning does not
+//! count. And a round proves nothing about a read made on a primary that
+//! has failed since: a caller whose request began before a round failed
+//! (the connection lost: a restart, or a failover that may have taken its
+//! read's commit with it) is refused (503: retry with the same key; the
+//! retry reads again on the primary there is now).
+//!
+//! Every acknowledgement waits for a round where commits wait for a
+//! standby, a new plan's too: its own COMMIT may have been such a
+//! cancelled one.
+//!
 //! A stalled standby stalls the round; callers give up at their deadline
 //! (503: retry with the same key), never acknowledging meanwhile. A round
 //! that fails (its connection dies at a restart or failover of the
@@ -27,11 +41,13 @@
 //! anyone waits: once the primary answers again, a caller's wait is at most
 //! two rounds.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ffi::{CStr, CString, c_int, c_void};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use diesel::{Connection, PgConnection, RunQueryDsl};
+use diesel::{PgConnection, RunQueryDsl};
 
 use super::{Durability, StorageError};
 use crate::deadline::Deadline;
@@ -53,6 +69,11 @@ struct Rounds {
     wanted: u64,
     /// Callers waiting now: a failed round is begun again while any do.
     waiting: usize,
+    /// The primary's timeline as the last round found it (the first 8
+    /// hex digits of its WAL file's name), and when a round first found
+    /// another: a promotion begins a new one, a restart does not.
+    timeline: Option<String>,
+    timeline_changed_at: Option<Instant>,
 }
 
 struct Shared {
@@ -126,6 +147,15 @@ impl ReplicationBarrier {
         self.shared.changed.notify_all();
         let outcome = loop {
             if rounds.done >= target {
+                if rounds
+                    .timeline_changed_at
+                    .is_some_and(|at| at >= deadline.made())
+                {
+                    break Err(StorageError::Unavailable {
+                        what: "the primary failed over while this request was answered: what it read may not be on the new primary; retry".to_owned(),
+                        source: None,
+                    });
+                }
                 break Ok(());
             }
             let left = deadline.remaining();
@@ -149,7 +179,15 @@ impl ReplicationBarrier {
 /// The barrier thread: a round whenever one is wanted, until the barrier is
 /// dropped.
 fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
-    let mut conn: Option<PgConnection> = None;
+    let mut conn: Option<BarrierConn> = None;
+    // A first round, asked by nobody, to learn the primary's timeline
+    // before any request could need it (until a round finds one, the
+    // first that does counts as a change).
+    if let Ok((_, timeline)) = commit_barrier(&mut conn, url)
+        && let Some(strong) = shared.upgrade()
+    {
+        strong.lock().timeline = Some(timeline);
+    }
     loop {
         let Some(round) = next_round(shared) else {
             return;
@@ -159,11 +197,18 @@ fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
             return;
         };
         match committed {
-            Ok(durability) => {
+            Ok((durability, timeline)) => {
                 strong
                     .commits_wait
                     .store(durability.waits_for_standby(), Ordering::Relaxed);
-                strong.lock().done = round;
+                let mut rounds = strong.lock();
+                if rounds.timeline.as_ref() != Some(&timeline) {
+                    tracing::warn!(timeline = %timeline, "the primary is on a new timeline (a failover): answers whose requests began before it are refused (503)");
+                    rounds.timeline_changed_at = Some(Instant::now());
+                }
+                rounds.timeline = Some(timeline);
+                rounds.done = round;
+                drop(rounds);
                 strong.changed.notify_all();
             }
             Err(error) => {
@@ -221,36 +266,46 @@ struct CommitSettings {
     synchronous: i64,
 }
 
-/// The settings that decide whether this session's COMMIT waits for a
-/// standby; with `barrier`, in the same statement, a transactional WAL
-/// message that makes the enclosing transaction's commit wait too.
-pub(super) fn commit_durability(
-    pg: &mut PgConnection,
-    barrier: bool,
-) -> diesel::QueryResult<Durability> {
+/// The settings that decide whether a session's COMMIT waits for a
+/// standby, in this column order; with `barrier`, in the same statement, a
+/// transactional WAL message that makes the enclosing transaction's commit
+/// wait too.
+fn durability_query(barrier: bool) -> String {
     let message = if barrier {
-        ", pg_logical_emit_message(true, 'plan-intake', 'replication barrier') AS lsn"
+        ", pg_logical_emit_message(true, 'plan-intake', 'replication barrier') AS lsn, \
+           substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS timeline"
     } else {
         ""
     };
-    let settings: CommitSettings = diesel::sql_query(format!(
+    format!(
         "SELECT current_setting('synchronous_standby_names') AS synchronous_standby_names, \
                 current_setting('synchronous_commit') AS synchronous_commit, \
                 r.attached, r.state_visible, r.synchronous{message} \
            FROM (SELECT count(*) AS attached, count(sync_state) AS state_visible, \
                         count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) AS synchronous \
                    FROM pg_stat_replication) r"
-    ))
-    .get_result(pg)?;
-    Ok(Durability::Postgres {
-        synchronous_standby_names: settings.synchronous_standby_names,
-        synchronous_commit: settings.synchronous_commit,
-        standbys: super::Standbys {
-            attached: settings.attached,
-            state_visible: settings.state_visible,
-            synchronous: settings.synchronous,
-        },
-    })
+    )
+}
+
+impl From<CommitSettings> for Durability {
+    fn from(settings: CommitSettings) -> Self {
+        Durability::Postgres {
+            synchronous_standby_names: settings.synchronous_standby_names,
+            synchronous_commit: settings.synchronous_commit,
+            standbys: super::Standbys {
+                attached: settings.attached,
+                state_visible: settings.state_visible,
+                synchronous: settings.synchronous,
+            },
+        }
+    }
+}
+
+/// The settings that decide whether this session's COMMIT waits for a
+/// standby.
+pub(super) fn commit_durability(pg: &mut PgConnection) -> diesel::QueryResult<Durability> {
+    let settings: CommitSettings = diesel::sql_query(durability_query(false)).get_result(pg)?;
+    Ok(settings.into())
 }
 
 /// The barrier's sessions go by a name of their own in `pg_stat_activity`
@@ -270,16 +325,153 @@ fn named(url: &str) -> String {
     format!("{url}{separator}application_name={APPLICATION_NAME}")
 }
 
-/// One barrier commit; what it found the commit settings to be.
-fn commit_barrier(conn: &mut Option<PgConnection>, url: &str) -> Result<Durability, StorageError> {
+/// One barrier commit; what it found the commit settings to be, and the
+/// primary's timeline. A COMMIT told a warning (its wait for the standby
+/// cancelled) is a failed round.
+fn commit_barrier(
+    conn: &mut Option<BarrierConn>,
+    url: &str,
+) -> Result<(Durability, String), StorageError> {
+    let failed = |what: &str, said: String| StorageError::Unavailable {
+        what: format!("replication barrier: {what}: {said}"),
+        source: None,
+    };
     if conn.is_none() {
         *conn = Some(
-            PgConnection::establish(&super::pool::with_libpq_defaults(&named(url)))
-                .map_err(|e| StorageError::unavailable("replication barrier connection", e))?,
+            BarrierConn::connect(&super::pool::with_libpq_defaults(&named(url)))
+                .map_err(|said| failed("connecting", said))?,
         );
     }
     let Some(pg) = conn.as_mut() else {
         return Err(StorageError::Config("no barrier connection".to_owned()));
     };
-    Ok(pg.transaction(|pg| commit_durability(pg, true))?)
+    pg.exec("BEGIN").map_err(|said| failed("BEGIN", said))?;
+    let row = pg
+        .exec(&durability_query(true))
+        .map_err(|said| failed("the barrier's message", said))?;
+    pg.warnings.store(0, Ordering::SeqCst);
+    pg.exec("COMMIT").map_err(|said| failed("COMMIT", said))?;
+    if pg.warnings.load(Ordering::SeqCst) > 0 {
+        return Err(failed(
+            "COMMIT",
+            "told a warning (its wait for the synchronous standby cancelled): it proves nothing"
+                .to_owned(),
+        ));
+    }
+    let text = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let number = |i: usize| text(i).parse::<i64>().unwrap_or(0);
+    let settings = CommitSettings {
+        synchronous_standby_names: text(0),
+        synchronous_commit: text(1),
+        attached: number(2),
+        state_visible: number(3),
+        synchronous: number(4),
+    };
+    Ok((settings.into(), text(6)))
+}
+
+/// The barrier's connection: libpq's own, as diesel's are, with its
+/// notices counted (diesel drops them): a COMMIT whose wait for the
+/// standby was cancelled returns as committed, with a WARNING.
+struct BarrierConn {
+    conn: NonNull<pq_sys::PGconn>,
+    /// WARNINGs told since last set to 0 (boxed: libpq holds its address).
+    warnings: Box<AtomicUsize>,
+}
+
+// SAFETY: a libpq connection may move between threads as long as one
+// thread at a time uses it; the barrier thread alone owns this one.
+unsafe impl Send for BarrierConn {}
+
+impl BarrierConn {
+    fn connect(url: &str) -> Result<Self, String> {
+        let info = CString::new(url).map_err(|_| "the URL holds a NUL byte".to_owned())?;
+        // SAFETY: PQconnectdb copies the string it is given; the connection
+        // it returns is freed once, by Drop.
+        let raw = unsafe { pq_sys::PQconnectdb(info.as_ptr()) };
+        let conn = NonNull::new(raw).ok_or("libpq could not make a connection")?;
+        let this = Self {
+            conn,
+            warnings: Box::new(AtomicUsize::new(0)),
+        };
+        // SAFETY: a connection PQconnectdb returned.
+        if unsafe { pq_sys::PQstatus(this.conn.as_ptr()) } != pq_sys::ConnStatusType::CONNECTION_OK
+        {
+            return Err(this.error_message());
+        }
+        let counter: *const AtomicUsize = &*this.warnings;
+        // SAFETY: the counter is boxed and lives as long as the connection
+        // (dropped after PQfinish); the receiver only reads the result it
+        // is handed and adds to the counter.
+        unsafe {
+            pq_sys::PQsetNoticeReceiver(
+                this.conn.as_ptr(),
+                Some(count_warnings),
+                counter.cast_mut().cast::<c_void>(),
+            );
+        }
+        Ok(this)
+    }
+
+    fn error_message(&self) -> String {
+        // SAFETY: libpq's own message for a connection it made, valid until
+        // the next call on it; copied at once.
+        let said = unsafe { CStr::from_ptr(pq_sys::PQerrorMessage(self.conn.as_ptr())) };
+        said.to_string_lossy().trim().to_owned()
+    }
+
+    /// Runs `sql` (one statement); the first row's values as text, if any.
+    fn exec(&mut self, sql: &str) -> Result<Vec<Option<String>>, String> {
+        let sql = CString::new(sql).map_err(|_| "the statement holds a NUL byte".to_owned())?;
+        // SAFETY: the connection is open; the result is cleared below.
+        let result = unsafe { pq_sys::PQexec(self.conn.as_ptr(), sql.as_ptr()) };
+        if result.is_null() {
+            return Err(self.error_message());
+        }
+        // SAFETY: `result` is the non-null result PQexec returned, read
+        // before PQclear and never after.
+        let answer = unsafe {
+            match pq_sys::PQresultStatus(result) {
+                pq_sys::ExecStatusType::PGRES_COMMAND_OK => Ok(Vec::new()),
+                pq_sys::ExecStatusType::PGRES_TUPLES_OK => {
+                    let mut row = Vec::new();
+                    if pq_sys::PQntuples(result) > 0 {
+                        for field in 0..pq_sys::PQnfields(result) {
+                            row.push((pq_sys::PQgetisnull(result, 0, field) == 0).then(|| {
+                                CStr::from_ptr(pq_sys::PQgetvalue(result, 0, field))
+                                    .to_string_lossy()
+                                    .into_owned()
+                            }));
+                        }
+                    }
+                    Ok(row)
+                }
+                _ => Err(self.error_message()),
+            }
+        };
+        // SAFETY: the result PQexec returned, cleared once.
+        unsafe { pq_sys::PQclear(result) };
+        answer
+    }
+}
+
+impl Drop for BarrierConn {
+    fn drop(&mut self) {
+        // SAFETY: the connection PQconnectdb returned, finished once.
+        unsafe { pq_sys::PQfinish(self.conn.as_ptr()) };
+    }
+}
+
+/// libpq's notice receiver: counts the WARNINGs told (by the severity
+/// that is never translated, so a server speaking German counts too).
+unsafe extern "C" fn count_warnings(counter: *mut c_void, result: *const pq_sys::PGresult) {
+    // SAFETY: libpq hands the notice's result, valid during this call, and
+    // the argument the connection was given: its boxed counter.
+    unsafe {
+        let severity =
+            pq_sys::PQresultErrorField(result, c_int::from(pq_sys::PG_DIAG_SEVERITY_NONLOCALIZED));
+        if !severity.is_null() && CStr::from_ptr(severity).to_bytes() == b"WARNING" {
+            (*counter.cast::<AtomicUsize>()).fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }

@@ -419,6 +419,65 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
     );
 }
 
+/// A commit whose wait for the synchronous standby is cancelled
+/// (`pg_cancel_backend`, as a DBA clearing sessions that look stuck does)
+/// returns to its session as committed, with a WARNING alone to say the
+/// standby may never have it: the service acknowledges it only once a
+/// barrier round proves the standby has it, and a barrier round whose own
+/// wait is cancelled proves nothing. The soak found it: 123 violations in
+/// a failover after cancelled waits (acknowledged plans lost, a verifying
+/// reader's 76).
+#[test]
+fn a_commit_whose_wait_for_the_standby_was_cancelled_is_never_acknowledged() {
+    let Some(SyncPair {
+        primary,
+        standby,
+        token,
+        service,
+        ..
+    }) = sync_pair()
+    else {
+        return;
+    };
+    let agent = client();
+    create_through_failover(&service.addr, &token, "before");
+    let receiver = standby.pause_wal_receiver();
+    let body = plan_body("cancelled", "cancelled");
+    let poster = {
+        let (addr, token, body) = (service.addr.clone(), token.clone(), body.clone());
+        std::thread::spawn(move || post_plan(&client(), &addr, &token, "k-cancelled", &body))
+    };
+    let waiting_write = "SELECT COUNT(*) FROM pg_stat_activity \
+                         WHERE wait_event = 'SyncRep' AND query LIKE '%plan_intake_write%'";
+    wait_for(&primary, waiting_write, "1");
+    // Every wait for the standby cancelled, the barrier's too, until the
+    // request is answered.
+    while !poster.is_finished() {
+        primary.psql(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, answer) = poster.join().expect("poster").expect("an answer");
+    assert_eq!(
+        status, 503,
+        "a commit the standby never had was acknowledged: {answer}"
+    );
+    assert_eq!(
+        primary.psql_in(
+            "intake",
+            "SELECT COUNT(*) FROM plans WHERE run_id = 'cancelled'"
+        ),
+        "1",
+        "the cancelled wait's commit is on the primary"
+    );
+    // Once the standby has it, the request resent with its key is answered.
+    drop(receiver);
+    let (status, answer) =
+        post_plan(&agent, &service.addr, &token, "k-cancelled", &body).expect("an answer");
+    assert_eq!(status, 200, "{answer}");
+}
+
 /// Behind a transaction-mode PgBouncer too, the service hands out nothing
 /// the synchronous standby has not confirmed: with the standby's receiver
 /// stopped, a replay, a feed page, the checkpoint and a receipt's proof

@@ -135,11 +135,13 @@ fn a_short_soak_with_a_random_seed_keeps_every_promise() {
     soak(seed, Backend::Replicated);
 }
 
-/// The database's own faults under load: the primary crashed and
-/// recovered, failovers to the synchronous standby (the old primary
-/// rebuilt as the new standby), and connections cut right after a
-/// COMMIT. Nothing acknowledged may be lost, and the log and the
-/// readers go on across each new timeline.
+/// The database's own faults under load, each at least once: the primary
+/// crashed and recovered; a failover to the synchronous standby (the old
+/// primary rebuilt as the new standby); and one after the link between
+/// the nodes is held and every commit waiting for the standby cancelled
+/// (committed on the primary alone, their sessions told they succeeded).
+/// Nothing acknowledged may be lost, and the log and the readers go on
+/// across each new timeline.
 #[test]
 fn a_soak_of_primary_restarts_and_failovers_keeps_every_promise() {
     let said = soak_of(
@@ -148,6 +150,7 @@ fn a_soak_of_primary_restarts_and_failovers_keeps_every_promise() {
         &[
             "primary restarted immediately",
             "failover to the synchronous standby",
+            "failover after cancelled standby waits",
         ],
         Backend::Replicated,
     );
@@ -157,16 +160,25 @@ fn a_soak_of_primary_restarts_and_failovers_keeps_every_promise() {
     for kind in [
         "primary restarted immediately: ",
         "failover to the synchronous standby: ",
+        "failover after cancelled standby waits: ",
     ] {
         assert!(said.contains(kind), "{kind}: {said}");
     }
+    // Further down: how many waits were cancelled, which must be some.
+    let cancelled = said
+        .split("waits for the standby cancelled: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok());
+    assert!(cancelled.is_some_and(|n| n > 0), "{said}");
     assert!(said.contains("its standby in sync"), "{said}");
     // Each failover promoted the standby: a new timeline each.
     let number_after = |text: &str| -> Option<u64> {
         let at = said.find(text)? + text.len();
         said[at..].split([' ', ',']).next()?.parse().ok()
     };
-    let failovers = number_after("failover to the synchronous standby: ");
+    let failovers = number_after("failover to the synchronous standby: ")
+        .zip(number_after("failover after cancelled standby waits: "))
+        .map(|(plain, cancelled)| plain + cancelled);
     let timeline = number_after("on timeline ");
     assert_eq!(timeline, failovers.map(|n| n + 1), "{said}");
 }
@@ -191,12 +203,18 @@ fn a_soak_finds_the_plans_a_lossy_failover_lost() {
         outcome.violations.len(),
         outcome.summary.join("\n")
     );
+    let found = |what: &dyn Fn(&String) -> bool| outcome.violations.iter().any(what);
     assert!(
-        outcome
-            .violations
-            .iter()
-            .any(|v| v.contains("acknowledged receipt") && v.ends_with("is not stored")),
+        found(&|v| v.contains("acknowledged receipt") && v.ends_with("is not stored")),
         "the loss found: {said}"
+    );
+    // A key the lost plan was sent under, sent again, lands anew: a
+    // second receipt for one key.
+    assert!(found(&|v| v.contains("answered 2 receipts")), "{said}");
+    // The verifying reader had verified past what the failover lost.
+    assert!(
+        found(&|v| v.contains("reader verify ended") && v.contains("76")),
+        "{said}"
     );
 }
 

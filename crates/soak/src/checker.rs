@@ -18,6 +18,17 @@ pub fn notes(system: &System, history: &History) -> Vec<String> {
             cuts.len()
         ));
     }
+    let cancelled = history.of_kind("waits cancelled");
+    if !cancelled.is_empty() {
+        notes.push(format!(
+            "soak: commits' waits for the standby cancelled: {} (before {} failovers)",
+            cancelled
+                .iter()
+                .filter_map(|c| c["cancelled"].as_u64())
+                .sum::<u64>(),
+            cancelled.len()
+        ));
+    }
     let stops = history.of_kind("stop");
     if !stops.is_empty() {
         notes.push(format!(
@@ -97,7 +108,7 @@ pub fn check(
                 event["key"]
             ));
         }
-        // Every fault ends within 20 s and a submit tries for 60:
+        // Every fault ends within about 20 s and a submit tries for 120:
         // an honest service answers every one of them.
         if let Some(error) = event["error"].as_str() {
             violations.push(format!(

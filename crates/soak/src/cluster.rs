@@ -1,6 +1,6 @@
 //! A Postgres of the soak's own, as operators run one: a primary and a
 //! synchronous standby (`pg_createcluster`, `pg_basebackup -R`,
-//! `synchronous_standby_names = '*'`, so no commit is acknowledged before
+//! `synchronous_standby_names` naming it, so no commit is acknowledged before
 //! the standby has it), reached through one address that follows the
 //! primary (a forwarder standing for a virtual IP, or for a proxy that
 //! asks Patroni who leads); the standby streams through a forwarder too
@@ -39,9 +39,14 @@ pub struct Pair {
 /// second, and room for the instances' pools, PgBouncer's and the
 /// readers'. Synchronous replication to whichever standby is connected
 /// comes after, unless lossy.
+/// Both nodes stream under one name (`cluster_name`, which a standby's
+/// WAL receiver takes for its `application_name`), and that name alone is
+/// synchronous: `pg_basebackup`'s own stream of WAL is never taken for
+/// the standby.
 const SETTINGS: &str = "wal_retrieve_retry_interval = '500ms'\n\
-                        max_connections = 300\n";
-const SYNCHRONOUS: &str = "synchronous_standby_names = '*'\n\
+                        max_connections = 300\n\
+                        cluster_name = 'soak_standby'\n";
+const SYNCHRONOUS: &str = "synchronous_standby_names = 'soak_standby'\n\
                            synchronous_commit = on\n";
 
 impl Pair {
@@ -53,6 +58,7 @@ impl Pair {
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
             .max()
             .ok_or("no Postgres version in /etc/postgresql")?;
+        sweep(&version);
         let stem = format!("soak_{}_{:04x}", std::process::id(), rand::random::<u16>());
         let mut nodes = Vec::new();
         for side in ["a", "b"] {
@@ -125,7 +131,6 @@ impl Pair {
     /// Commits wait meanwhile (synchronous, and no standby yet).
     pub fn fail_over(&self) -> Result<(), String> {
         let old = self.primary();
-        let new = 1 - old;
         self.await_sync(old)?;
         if self.lossy {
             // A partition between the nodes: the standby falls behind
@@ -133,6 +138,43 @@ impl Pair {
             self.replication.set_stalled(true);
             std::thread::sleep(Duration::from_secs(1));
         }
+        self.promote_the_standby(old)
+    }
+
+    /// A failover that the synchronous standby alone does not make safe:
+    /// the link between the nodes held, and every commit then waiting for
+    /// the standby cancelled (`pg_cancel_backend`, as a DBA clearing
+    /// sessions that look stuck does): each is then committed on the
+    /// primary alone, and its session told it succeeded. Then the primary
+    /// stops and the standby, without those commits, is promoted. Only
+    /// what the service does beyond its COMMIT keeps such a plan from being
+    /// acknowledged. The number of waits cancelled.
+    pub fn fail_over_after_cancelled_waits(&self) -> Result<usize, String> {
+        let old = self.primary();
+        self.await_sync(old)?;
+        self.replication.set_stalled(true);
+        let mut cancelled = 0;
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            cancelled += self
+                .psql(
+                    old,
+                    "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity \
+                     WHERE wait_event = 'SyncRep'",
+                )
+                .ok()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.promote_the_standby(old)?;
+        Ok(cancelled)
+    }
+
+    /// Node `old` (the primary) stopped immediately, the other promoted and
+    /// the address pointed at it, `old` rebuilt as its standby.
+    fn promote_the_standby(&self, old: usize) -> Result<(), String> {
+        let new = 1 - old;
         self.ctl(&self.nodes[old], &["stop", "-m", "immediate"])?;
         // What the partition held back never arrives.
         self.replication.cut_all();
@@ -230,6 +272,9 @@ impl Pair {
                 &node.name,
                 "-p",
                 &port,
+                // Never started at boot: a run killed before it dropped
+                // them leaves nothing that comes back (and `create` sweeps).
+                "--start-conf=manual",
                 "--",
                 "--auth-host=trust",
                 "--auth-local=trust",
@@ -286,6 +331,25 @@ impl Drop for Pair {
     fn drop(&mut self) {
         for node in &self.nodes {
             let _ = run("pg_dropcluster", &[&self.version, &node.name, "--stop"]);
+        }
+    }
+}
+
+/// Drops the clusters of soaks whose process is gone (killed before they
+/// could drop their own).
+fn sweep(version: &str) {
+    let Ok(entries) = std::fs::read_dir(format!("/etc/postgresql/{version}")) else {
+        return;
+    };
+    for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let Some(pid) = name
+            .strip_prefix("soak_")
+            .and_then(|rest| rest.split('_').next())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run("pg_dropcluster", &[version, &name, "--stop"]);
         }
     }
 }

@@ -82,6 +82,27 @@ pub struct Outcome {
     pub summary: Vec<String>,
 }
 
+/// A thread joined when dropped (an early return waits for it, so what it
+/// holds of the system is let go before the system is dropped).
+struct Joined<T>(Option<std::thread::JoinHandle<T>>);
+
+impl<T> Joined<T> {
+    fn join(mut self) -> std::thread::Result<T> {
+        match self.0.take() {
+            Some(handle) => handle.join(),
+            None => Err(Box::new("joined already")),
+        }
+    }
+}
+
+impl<T> Drop for Joined<T> {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
 /// Sets both flags when dropped.
 struct Release(Arc<AtomicBool>, Arc<AtomicBool>);
 
@@ -124,11 +145,21 @@ pub fn run(options: &Options) -> Result<Outcome, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let drain = Arc::new(AtomicBool::new(false));
-    // On any early return the threads end, and the system (instances and
-    // database) is dropped with them.
+    let follower = Joined(Some(workload::follower(
+        system.clone(),
+        history.clone(),
+        stop.clone(),
+        drain.clone(),
+    )));
+    let planners: Vec<Joined<usize>> =
+        workload::planners(system.clone(), history.clone(), stop.clone(), seed)
+            .into_iter()
+            .map(|planner| Joined(Some(planner)))
+            .collect();
+    // On any early return (dropped first, as declared last) the threads
+    // are told to end and joined, and the system (instances, database,
+    // clusters) is dropped after them.
     let _release = Release(stop.clone(), drain.clone());
-    let follower = workload::follower(system.clone(), history.clone(), stop.clone(), drain.clone());
-    let planners = workload::planners(system.clone(), history.clone(), stop.clone(), seed);
     let faults = nemesis::run(
         system.clone(),
         history.clone(),

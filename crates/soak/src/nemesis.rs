@@ -65,7 +65,7 @@ impl Faults {
 
 /// What the nemesis draws from, with weights: faults of an instance,
 /// a reader killed, and the routine an operator runs on a live system.
-const KINDS: [(&str, u32); 16] = [
+const KINDS: [(&str, u32); 17] = [
     ("kill -9", 15),
     ("SIGSTOP", 15),
     ("graceful restart", 15),
@@ -75,6 +75,7 @@ const KINDS: [(&str, u32); 16] = [
     ("PgBouncer kill -9", 5),
     ("primary restarted immediately", 4),
     ("failover to the synchronous standby", 4),
+    ("failover after cancelled standby waits", 3),
     ("kill -9 of a reader", 15),
     ("logins rotate", 8),
     ("keys prune", 5),
@@ -83,6 +84,11 @@ const KINDS: [(&str, u32); 16] = [
     ("verify", 4),
     ("signing key rotation", 2),
 ];
+
+/// Kinds that act on the soak's own primary and standby.
+fn needs_the_pair(kind: &str) -> bool {
+    kind.contains("primary") || kind.contains("standby")
+}
 
 /// The kinds the nemesis knows, for `--faults`.
 pub fn kinds() -> Vec<&'static str> {
@@ -107,7 +113,7 @@ pub fn run(
         })
         .filter(|(kind, _)| system.pgbouncer.is_some() || !kind.starts_with("PgBouncer"))
         // A primary to restart and a standby to fail over to: the soak's own.
-        .filter(|(kind, _)| system.pair.is_some() || !kind.contains("primary"))
+        .filter(|(kind, _)| system.pair.is_some() || !needs_the_pair(kind))
         .copied()
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -115,6 +121,7 @@ pub fn run(
         recovered: BTreeMap::new(),
     };
     let mut rotations = 0;
+    let mut struck = 0;
     let total: u32 = kinds.iter().map(|(_, w)| w).sum::<u32>().max(1);
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.random_range(1_000..4_000)));
@@ -126,7 +133,7 @@ pub fn run(
         }
         let instance = rng.random_range(0..system.count());
         let mut draw = rng.random_range(0..total);
-        let kind = kinds
+        let drawn = kinds
             .iter()
             .find(|(_, weight)| {
                 if draw < *weight {
@@ -137,6 +144,14 @@ pub fn run(
                 }
             })
             .map_or("kill -9", |(kind, _)| *kind);
+        // Kinds picked by name come once each first, in their order, so a
+        // short run meets every one of them; then they are drawn.
+        let kind = if only.is_empty() {
+            drawn
+        } else {
+            kinds.get(struck).map_or(drawn, |(kind, _)| *kind)
+        };
+        struck += 1;
         let paused = Duration::from_millis(rng.random_range(1_000..5_000));
         // A long GC pause or a frozen VM: up to 20 s.
         let frozen_for = Duration::from_millis(rng.random_range(1_000..20_000));
@@ -218,6 +233,15 @@ pub fn run(
             "failover to the synchronous standby" => match &system.pair {
                 Some(pair) => pair
                     .fail_over()
+                    .and_then(|()| system.all_ready(Duration::from_secs(60))),
+                None => Ok(()),
+            },
+            "failover after cancelled standby waits" => match &system.pair {
+                Some(pair) => pair
+                    .fail_over_after_cancelled_waits()
+                    .map(|cancelled| {
+                        history.record(json!({"kind": "waits cancelled", "cancelled": cancelled}));
+                    })
                     .and_then(|()| system.all_ready(Duration::from_secs(60))),
                 None => Ok(()),
             },

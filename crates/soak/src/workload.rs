@@ -48,12 +48,11 @@ fn send(
     sent: &Sent,
     why: &str,
 ) -> bool {
-    let options = SubmitOptions {
-        key: Some(sent.key.clone()),
-        // Longer than any pause the nemesis makes, as a planner's would be.
-        timeout: Duration::from_secs(60),
-        ..SubmitOptions::default()
-    };
+    // Longer than a run of the nemesis's faults on one instance (each
+    // ends within about 20 s, a failover's rebuild included), as a
+    // planner's would be: the whole call, sends again after a rotation
+    // included.
+    let budget = Duration::from_secs(120);
     let began = std::time::Instant::now();
     // A planner whose token was rotated twice while it sent (the first
     // token's grace ends at the second rotation) sends again with the
@@ -61,6 +60,13 @@ fn send(
     let mut rotated = 0;
     let answer = loop {
         let token = system.planner_token(planner);
+        let options = SubmitOptions {
+            key: Some(sent.key.clone()),
+            timeout: budget
+                .saturating_sub(began.elapsed())
+                .max(Duration::from_secs(1)),
+            ..SubmitOptions::default()
+        };
         let answer = Client::new(&system.url(instance), &token)
             .map_err(|e| SubmitError::Unexpected(e.to_string()))
             .and_then(|client| client.submit(sent.body.as_bytes(), &options));
@@ -81,7 +87,7 @@ fn send(
         "why": why,
         "key": sent.key,
         "run_id": sent.run_id,
-        "timeout_s": options.timeout.as_secs_f64(),
+        "timeout_s": budget.as_secs_f64(),
     });
     event["took_s"] = json!(began.elapsed().as_secs_f64());
     match answer {
