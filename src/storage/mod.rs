@@ -447,11 +447,11 @@ impl Database {
 
     /// Returns once everything committed before the call is on the
     /// synchronous standby (see `replication`). Called before anything is
-    /// handed out that this request did not commit itself (a replay, the
-    /// re-read after a lost COMMIT, a read by id, a feed page): its own
-    /// commit may have been cut short while it waited for the standby, and
-    /// a failover would take it back. At once on SQLite, in the command
-    /// line tools, and where commits do not wait for a standby.
+    /// handed out (a new plan, a replay, the re-read after a lost COMMIT, a
+    /// read by id, a feed page): a commit may have been cut short or its
+    /// wait cancelled while it waited for the standby, and a failover would
+    /// take it back. At once on SQLite, in the command line tools, and where
+    /// commits do not wait for a standby.
     pub fn await_replicated(&self, deadline: &Deadline) -> Result<(), StorageError> {
         match &self.barrier {
             Some(barrier) => barrier.wait(deadline),

@@ -25,10 +25,11 @@
 //! the barrier's connection is libpq's own with its notices read (diesel
 //! drops them), and a round whose COMMIT was told a warning does not
 //! count. And a round proves nothing about a read made on a primary that
-//! has failed since: a caller whose request began before a round failed
-//! (the connection lost: a restart, or a failover that may have taken its
-//! read's commit with it) is refused (503: retry with the same key; the
-//! retry reads again on the primary there is now).
+//! has been failed over since: a caller whose request began before a
+//! round first found the primary on a new timeline (a promotion; a
+//! restart keeps the timeline, and the data) is refused, as is one whose
+//! request began before commits stopped waiting for a standby (503: retry
+//! with the same key; the retry reads again on the primary there is now).
 //!
 //! Every acknowledgement waits for a round where commits wait for a
 //! standby, a new plan's too: its own COMMIT may have been such a
@@ -69,6 +70,10 @@ struct Rounds {
     wanted: u64,
     /// Callers waiting now: a failed round is begun again while any do.
     waiting: usize,
+    /// When commits were last found no longer waiting for a standby (a
+    /// failover to a node that has none, or the settings changed): what a
+    /// request read before then, a round can no longer prove.
+    stopped_waiting_at: Option<Instant>,
     /// The primary's timeline as the last round found it (the first 8
     /// hex digits of its WAL file's name), and when a round first found
     /// another: a promotion begins a new one, a restart does not.
@@ -87,6 +92,14 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Rounds> {
         self.rounds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether commits wait for a standby, as just found; when they stop,
+    /// when is kept.
+    fn commits_wait_now(&self, wait: bool) {
+        if self.commits_wait.swap(wait, Ordering::SeqCst) && !wait {
+            self.lock().stopped_waiting_at = Some(Instant::now());
+        }
     }
 }
 
@@ -117,9 +130,7 @@ impl ReplicationBarrier {
 
     /// What a readiness check found.
     pub fn observe(&self, durability: &Durability) {
-        self.shared
-            .commits_wait
-            .store(durability.waits_for_standby(), Ordering::Relaxed);
+        self.shared.commits_wait_now(durability.waits_for_standby());
     }
 
     /// Callers waiting for a barrier round now.
@@ -137,7 +148,16 @@ impl ReplicationBarrier {
     /// on the synchronous standby: a barrier round begun after the call has
     /// returned. At once when commits do not wait for a standby.
     pub fn wait(&self, deadline: &Deadline) -> Result<(), StorageError> {
-        if !self.shared.commits_wait.load(Ordering::Relaxed) {
+        if !self.shared.commits_wait.load(Ordering::SeqCst) {
+            // Nothing to wait for, unless this request read while commits
+            // still waited: a cancelled wait of then is unproven.
+            let stopped = self.shared.lock().stopped_waiting_at;
+            if stopped.is_some_and(|at| at >= deadline.made()) {
+                return Err(StorageError::Unavailable {
+                    what: "commits stopped waiting for a standby while this request was answered (a failover, or the settings changed): what it read may not have reached one; retry".to_owned(),
+                    source: None,
+                });
+            }
             return Ok(());
         }
         let mut rounds = self.shared.lock();
@@ -183,10 +203,14 @@ fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
     // A first round, asked by nobody, to learn the primary's timeline
     // before any request could need it (until a round finds one, the
     // first that does counts as a change).
-    if let Ok((_, timeline)) = commit_barrier(&mut conn, url)
-        && let Some(strong) = shared.upgrade()
-    {
-        strong.lock().timeline = Some(timeline);
+    match commit_barrier(&mut conn, url) {
+        Ok((_, timeline)) => {
+            if let Some(strong) = shared.upgrade() {
+                strong.lock().timeline = Some(timeline);
+            }
+        }
+        // Begun again, on a new connection, by the first round asked for.
+        Err(_) => conn = None,
     }
     loop {
         let Some(round) = next_round(shared) else {
@@ -198,18 +222,19 @@ fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
         };
         match committed {
             Ok((durability, timeline)) => {
-                strong
-                    .commits_wait
-                    .store(durability.waits_for_standby(), Ordering::Relaxed);
+                strong.commits_wait_now(durability.waits_for_standby());
                 let mut rounds = strong.lock();
-                if rounds.timeline.as_ref() != Some(&timeline) {
-                    tracing::warn!(timeline = %timeline, "the primary is on a new timeline (a failover): answers whose requests began before it are refused (503)");
+                let changed = rounds.timeline.as_ref() != Some(&timeline);
+                if changed {
                     rounds.timeline_changed_at = Some(Instant::now());
                 }
-                rounds.timeline = Some(timeline);
+                rounds.timeline = Some(timeline.clone());
                 rounds.done = round;
                 drop(rounds);
                 strong.changed.notify_all();
+                if changed {
+                    tracing::warn!(timeline = %timeline, "the primary is on a timeline the barrier has not seen (a failover, or the first round failed): answers whose requests began before it are refused (503)");
+                }
             }
             Err(error) => {
                 // The round did not count: it is begun again, on a new
@@ -345,29 +370,47 @@ fn commit_barrier(
     let Some(pg) = conn.as_mut() else {
         return Err(StorageError::Config("no barrier connection".to_owned()));
     };
-    pg.exec("BEGIN").map_err(|said| failed("BEGIN", said))?;
+    // A role's or database's `client_min_messages = error` would keep the
+    // warning from being sent (and behind a pooler another client's SET
+    // could): for this transaction, warnings are told.
+    pg.exec("BEGIN")
+        .and_then(|_| pg.exec("SET LOCAL client_min_messages = warning"))
+        .map_err(|said| failed("BEGIN", said))?;
     let row = pg
         .exec(&durability_query(true))
         .map_err(|said| failed("the barrier's message", said))?;
-    pg.warnings.store(0, Ordering::SeqCst);
+    pg.warnings().store(0, Ordering::SeqCst);
     pg.exec("COMMIT").map_err(|said| failed("COMMIT", said))?;
-    if pg.warnings.load(Ordering::SeqCst) > 0 {
+    if pg.warnings().load(Ordering::SeqCst) > 0 {
         return Err(failed(
             "COMMIT",
             "told a warning (its wait for the synchronous standby cancelled): it proves nothing"
                 .to_owned(),
         ));
     }
-    let text = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-    let number = |i: usize| text(i).parse::<i64>().unwrap_or(0);
-    let settings = CommitSettings {
-        synchronous_standby_names: text(0),
-        synchronous_commit: text(1),
-        attached: number(2),
-        state_visible: number(3),
-        synchronous: number(4),
+    let text = |i: usize| {
+        row.get(i)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| failed("the barrier's message", format!("no column {i}")))
     };
-    Ok((settings.into(), text(6)))
+    let number = |i: usize| {
+        text(i)?
+            .parse::<i64>()
+            .map_err(|e| failed("the barrier's message", format!("column {i}: {e}")))
+    };
+    let settings = CommitSettings {
+        synchronous_standby_names: text(0)?,
+        synchronous_commit: text(1)?,
+        attached: number(2)?,
+        state_visible: number(3)?,
+        synchronous: number(4)?,
+    };
+    let timeline = text(6)?;
+    if timeline.len() != 8 {
+        return Err(failed("the timeline", timeline));
+    }
+    Ok((settings.into(), timeline))
 }
 
 /// The barrier's connection: libpq's own, as diesel's are, with its
@@ -375,13 +418,10 @@ fn commit_barrier(
 /// standby was cancelled returns as committed, with a WARNING.
 struct BarrierConn {
     conn: NonNull<pq_sys::PGconn>,
-    /// WARNINGs told since last set to 0 (boxed: libpq holds its address).
-    warnings: Box<AtomicUsize>,
+    /// WARNINGs told since last set to 0: a box's raw pointer, which libpq
+    /// holds, freed after the connection.
+    warnings: NonNull<AtomicUsize>,
 }
-
-// SAFETY: a libpq connection may move between threads as long as one
-// thread at a time uses it; the barrier thread alone owns this one.
-unsafe impl Send for BarrierConn {}
 
 impl BarrierConn {
     fn connect(url: &str) -> Result<Self, String> {
@@ -392,25 +432,28 @@ impl BarrierConn {
         let conn = NonNull::new(raw).ok_or("libpq could not make a connection")?;
         let this = Self {
             conn,
-            warnings: Box::new(AtomicUsize::new(0)),
+            warnings: NonNull::from(Box::leak(Box::new(AtomicUsize::new(0)))),
         };
         // SAFETY: a connection PQconnectdb returned.
         if unsafe { pq_sys::PQstatus(this.conn.as_ptr()) } != pq_sys::ConnStatusType::CONNECTION_OK
         {
             return Err(this.error_message());
         }
-        let counter: *const AtomicUsize = &*this.warnings;
-        // SAFETY: the counter is boxed and lives as long as the connection
-        // (dropped after PQfinish); the receiver only reads the result it
-        // is handed and adds to the counter.
+        // SAFETY: the counter lives until Drop frees it after PQfinish; the
+        // receiver only reads the result it is handed and adds to it.
         unsafe {
             pq_sys::PQsetNoticeReceiver(
                 this.conn.as_ptr(),
                 Some(count_warnings),
-                counter.cast_mut().cast::<c_void>(),
+                this.warnings.as_ptr().cast::<c_void>(),
             );
         }
         Ok(this)
+    }
+
+    fn warnings(&self) -> &AtomicUsize {
+        // SAFETY: allocated in `connect`, freed only in Drop.
+        unsafe { self.warnings.as_ref() }
     }
 
     fn error_message(&self) -> String {
@@ -457,8 +500,12 @@ impl BarrierConn {
 
 impl Drop for BarrierConn {
     fn drop(&mut self) {
-        // SAFETY: the connection PQconnectdb returned, finished once.
-        unsafe { pq_sys::PQfinish(self.conn.as_ptr()) };
+        // SAFETY: the connection PQconnectdb returned, finished once; then
+        // the counter it held, from the box `connect` leaked, freed once.
+        unsafe {
+            pq_sys::PQfinish(self.conn.as_ptr());
+            drop(Box::from_raw(self.warnings.as_ptr()));
+        }
     }
 }
 
@@ -468,8 +515,12 @@ unsafe extern "C" fn count_warnings(counter: *mut c_void, result: *const pq_sys:
     // SAFETY: libpq hands the notice's result, valid during this call, and
     // the argument the connection was given: its boxed counter.
     unsafe {
-        let severity =
+        let mut severity =
             pq_sys::PQresultErrorField(result, c_int::from(pq_sys::PG_DIAG_SEVERITY_NONLOCALIZED));
+        if severity.is_null() {
+            // A server before 9.6 tells it only as translated.
+            severity = pq_sys::PQresultErrorField(result, c_int::from(b'S'));
+        }
         if !severity.is_null() && CStr::from_ptr(severity).to_bytes() == b"WARNING" {
             (*counter.cast::<AtomicUsize>()).fetch_add(1, Ordering::SeqCst);
         }

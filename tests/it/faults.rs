@@ -717,3 +717,81 @@ async fn a_connection_lost_while_a_proof_reads_its_hashes_is_read_again() {
     let (answer, ()) = futures_util::future::join(read, kill).await;
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
 }
+
+/// An append round's hash reads too: the connection lost while the tree
+/// code reads stored hashes is the database's failure, which the appender
+/// retries, never "the stored hashes do not make a tree" or "not an
+/// extension of what was signed", which mark the log stuck until an
+/// operator looks.
+#[actix_web::test]
+async fn a_connection_lost_while_an_append_reads_its_hashes_is_no_verdict_on_the_log() {
+    use plan_intake::storage::receipt_log::AppendError;
+    let Some(scratch) = TestDb::postgres() else {
+        return;
+    };
+    let (app, schema) = TestApp::named(scratch);
+    let token = app.login("planner-a", PLANNER);
+    let (key, _) = plan_intake::intake::signing::SigningKey::generate("faults").expect("a key");
+    let intake = app.intake.clone().signing_with(std::sync::Arc::new(key));
+    let service = app.service_with(intake.clone()).await;
+    let origin = "plan-intake.test/faults";
+    for run in ["a", "b", "c", "d", "e"] {
+        let answer = send(&service, post_plan(&token, run, &plan_body(run, "x"))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.body);
+        if run == "c" {
+            intake
+                .append_receipts(origin, 100, None, None)
+                .expect("a first round of the log");
+        }
+    }
+    // The next round's new leaves need the stored hashes of the first
+    // three, which wait behind a lock the test holds.
+    let mut holder = app.conn();
+    plan_intake::with_conn!(&mut *holder, c => c.batch_execute(
+        "BEGIN; LOCK TABLE receipt_log_hashes IN ACCESS EXCLUSIVE MODE"
+    ))
+    .expect("the hashes locked");
+    let appending = {
+        let intake = intake.clone();
+        std::thread::spawn(move || {
+            intake
+                .append_receipts(origin, 100, None, None)
+                .map(|_| ())
+                .map_err(|e| {
+                    let verdict = match e.downcast_ref::<AppendError>() {
+                        Some(AppendError::Database(_)) => "database",
+                        Some(AppendError::Tree(_)) => "tree",
+                        Some(AppendError::Inconsistent { .. }) => "inconsistent",
+                        _ => "other",
+                    };
+                    format!("{verdict}: {e}")
+                })
+        })
+    };
+    let waiting = format!(
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' \
+         AND wait_event_type = 'Lock' AND query LIKE '%receipt_log_hashes%'"
+    );
+    wait_until("the round's hash read waits for the lock", || {
+        scalar(&mut app.conn(), &waiting) == 1
+    })
+    .await;
+    let terminated = scalar(
+        &mut app.conn(),
+        &format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+             WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
+        ),
+    );
+    assert_eq!(terminated, 1);
+    plan_intake::with_conn!(&mut *holder, c => c.batch_execute("COMMIT")).expect("released");
+    let round = appending.join().expect("the round's thread");
+    let error = round.expect_err("the round's connection was terminated");
+    assert!(error.starts_with("database: "), "{error}");
+    // The next round, on another connection, appends the two.
+    let appended = intake
+        .append_receipts(origin, 100, None, None)
+        .expect("the next round")
+        .expect("appended");
+    assert_eq!(appended.to, 5);
+}
