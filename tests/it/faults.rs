@@ -685,35 +685,13 @@ async fn a_connection_lost_while_a_proof_reads_its_hashes_is_read_again() {
         .expect("a round of the log");
     // From 1 leaf to the newest 3: a proof read from the stored hashes,
     // which wait behind a lock the test holds.
-    let mut holder = app.conn();
-    plan_intake::with_conn!(&mut *holder, c => c.batch_execute(
-        "BEGIN; LOCK TABLE receipt_log_hashes IN ACCESS EXCLUSIVE MODE"
-    ))
-    .expect("the hashes locked");
+    let holder = lock_the_stored_hashes(&app);
     let read = send(
         &service,
         crate::support::get(&token, "/v1/checkpoint/extension?size=1"),
     );
-    let waiting = format!(
-        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' \
-         AND wait_event_type = 'Lock' AND query LIKE '%receipt_log_hashes%'"
-    );
     // The connection dies under the waiting read; then the lock goes.
-    let kill = async {
-        wait_until("the proof's hash read waits for the lock", || {
-            scalar(&mut app.conn(), &waiting) == 1
-        })
-        .await;
-        let terminated = scalar(
-            &mut app.conn(),
-            &format!(
-                "SELECT COUNT(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
-                 WHERE application_name = '{schema}' AND wait_event_type = 'Lock'"
-            ),
-        );
-        assert_eq!(terminated, 1);
-        plan_intake::with_conn!(&mut *holder, c => c.batch_execute("COMMIT")).expect("released");
-    };
+    let kill = kill_the_hash_read(&app, &schema, holder);
     let (answer, ()) = futures_util::future::join(read, kill).await;
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
 }
@@ -746,11 +724,7 @@ async fn a_connection_lost_while_an_append_reads_its_hashes_is_no_verdict_on_the
     }
     // The next round's new leaves need the stored hashes of the first
     // three, which wait behind a lock the test holds.
-    let mut holder = app.conn();
-    plan_intake::with_conn!(&mut *holder, c => c.batch_execute(
-        "BEGIN; LOCK TABLE receipt_log_hashes IN ACCESS EXCLUSIVE MODE"
-    ))
-    .expect("the hashes locked");
+    let holder = lock_the_stored_hashes(&app);
     let appending = {
         let intake = intake.clone();
         std::thread::spawn(move || {
@@ -768,11 +742,41 @@ async fn a_connection_lost_while_an_append_reads_its_hashes_is_no_verdict_on_the
                 })
         })
     };
+    kill_the_hash_read(&app, &schema, holder).await;
+    let round = appending.join().expect("the round's thread");
+    let error = round.expect_err("the round's connection was terminated");
+    assert!(error.starts_with("database: "), "{error}");
+    // The next round, on another connection, appends the two.
+    let appended = intake
+        .append_receipts(origin, 100, None, None)
+        .expect("the next round")
+        .expect("appended");
+    assert_eq!(appended.to, 5);
+}
+
+/// A connection of the test's own holding `receipt_log_hashes` locked
+/// (until [`kill_the_hash_read`] lets it go).
+fn lock_the_stored_hashes(app: &TestApp) -> plan_intake::storage::PooledConn {
+    let mut holder = app.conn();
+    plan_intake::with_conn!(&mut *holder, c => c.batch_execute(
+        "BEGIN; LOCK TABLE receipt_log_hashes IN ACCESS EXCLUSIVE MODE"
+    ))
+    .expect("the hashes locked");
+    holder
+}
+
+/// Once one of the service's sessions waits for the lock `holder` keeps,
+/// that session is terminated, then the lock let go.
+async fn kill_the_hash_read(
+    app: &TestApp,
+    schema: &str,
+    mut holder: plan_intake::storage::PooledConn,
+) {
     let waiting = format!(
         "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE application_name = '{schema}' \
          AND wait_event_type = 'Lock' AND query LIKE '%receipt_log_hashes%'"
     );
-    wait_until("the round's hash read waits for the lock", || {
+    wait_until("a hash read waits for the lock", || {
         scalar(&mut app.conn(), &waiting) == 1
     })
     .await;
@@ -785,13 +789,4 @@ async fn a_connection_lost_while_an_append_reads_its_hashes_is_no_verdict_on_the
     );
     assert_eq!(terminated, 1);
     plan_intake::with_conn!(&mut *holder, c => c.batch_execute("COMMIT")).expect("released");
-    let round = appending.join().expect("the round's thread");
-    let error = round.expect_err("the round's connection was terminated");
-    assert!(error.starts_with("database: "), "{error}");
-    // The next round, on another connection, appends the two.
-    let appended = intake
-        .append_receipts(origin, 100, None, None)
-        .expect("the next round")
-        .expect("appended");
-    assert_eq!(appended.to, 5);
 }
