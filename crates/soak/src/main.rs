@@ -33,10 +33,11 @@ struct Args {
     postgres: Option<String>,
     /// Only these kinds of fault, comma-separated (every kind when not
     /// given): kill -9, SIGSTOP, graceful restart, database connections
-    /// cut, cut after a COMMIT, database connections stalled, PgBouncer
-    /// kill -9, primary restarted immediately, failover to the synchronous
-    /// standby, kill -9 of a reader, logins rotate, keys prune, migrate
-    /// run, audit, verify, signing key rotation
+    /// cut, cut after a COMMIT, database connections stalled, a kept plan
+    /// under a held key, PgBouncer kill -9, primary restarted immediately,
+    /// failover to the synchronous standby, failover after cancelled
+    /// standby waits, kill -9 of a reader, logins rotate, keys prune,
+    /// migrate run, audit, verify, signing key rotation
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
     /// One instance on a SQLite file instead of the instances on Postgres

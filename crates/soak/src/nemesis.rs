@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::history::History;
 use crate::system::System;
+use crate::workload;
 
 pub struct Faults {
     /// Per kind, the time from each fault until its instance was ready.
@@ -65,13 +66,14 @@ impl Faults {
 
 /// What the nemesis draws from, with weights: faults of an instance,
 /// a reader killed, and the routine an operator runs on a live system.
-const KINDS: [(&str, u32); 17] = [
+const KINDS: [(&str, u32); 18] = [
     ("kill -9", 15),
     ("SIGSTOP", 15),
     ("graceful restart", 15),
     ("database connections cut", 8),
     ("cut after a COMMIT", 12),
     ("database connections stalled", 8),
+    ("a kept plan under a held key", 6),
     ("PgBouncer kill -9", 5),
     ("primary restarted immediately", 4),
     ("failover to the synchronous standby", 4),
@@ -109,7 +111,9 @@ pub fn run(
         // The database's connections pass through a proxy on Postgres only.
         .filter(|(kind, _)| {
             !system.proxies.is_empty()
-                || !kind.contains("database connections") && !kind.contains("COMMIT")
+                || !kind.contains("database connections")
+                    && !kind.contains("COMMIT")
+                    && !kind.contains("held key")
         })
         .filter(|(kind, _)| system.pgbouncer.is_some() || !kind.starts_with("PgBouncer"))
         // A primary to restart and a standby to fail over to: the soak's own.
@@ -245,6 +249,19 @@ pub fn run(
                     .and_then(|()| system.all_ready(Duration::from_secs(60))),
                 None => Ok(()),
             },
+            "a kept plan under a held key" => {
+                workload::send_under_held_keys(
+                    &system,
+                    &history,
+                    instance,
+                    struck as u64,
+                    // The first key held 1-2 s, the last let go 3-6.5 s on.
+                    paused / 3 + Duration::from_millis(700),
+                )
+                .map(|sent| {
+                    history.record(json!({"kind": "held key", "sent": sent}));
+                })
+            }
             "database connections stalled" => {
                 system.proxies[instance].0.stall(paused);
                 system.await_ready(instance, Duration::from_secs(30))

@@ -149,6 +149,21 @@ impl System {
             }
         }
         system.cli(&["migrate", "run"])?;
+        if system
+            .env
+            .iter()
+            .any(|(k, _)| k == "PLAN_INTAKE_TEST_DEFECT_NO_HORIZON_LOCK")
+        {
+            // A known defect for the checker to find: the write function
+            // as before migration 000016, taking no lock on `plans` of its
+            // own (its feed's horizon not held while a batch's key row
+            // waits).
+            psql(
+                &system.database_url,
+                "DO $$ BEGIN EXECUTE replace(pg_get_functiondef('plan_intake_write'::regproc), \
+                 'LOCK TABLE plans IN ROW EXCLUSIVE MODE;', ''); END $$",
+            )?;
+        }
         for p in 0..planners {
             let token = system.cli(&[
                 "logins",
@@ -558,6 +573,68 @@ impl System {
         ));
         let _ = child.kill();
         child.wait().ok()
+    }
+
+    /// Another session holds `key`'s row for `maker`, naming the plan
+    /// `receipt_id`, uncommitted for `hold`, then rolls it back: returns
+    /// once the row is held, with the session's thread (its outcome).
+    pub fn hold_key_row(
+        &self,
+        maker: &str,
+        key: &str,
+        receipt_id: &str,
+        hold: Duration,
+    ) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
+        let marker = format!("soak holds {key}");
+        let script = format!(
+            "BEGIN; \
+             INSERT INTO intake_keys (maker, idempotency_key, request_hash, plan_id, created_at) \
+                  SELECT '{maker}', '{key}', 'blake3:held', id, now() FROM plans \
+                   WHERE receipt_id = '{receipt_id}'; \
+             SELECT pg_sleep({}) AS \"{marker}\"; ROLLBACK;",
+            hold.as_secs_f64()
+        );
+        let url = self.database_url.clone();
+        let holder = std::thread::spawn(move || psql(&url, &script).map(|_| ()));
+        // Held once its session sleeps (the INSERT is done by then).
+        let until = Instant::now() + Duration::from_secs(10);
+        let asleep = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' \
+               AND wait_event = 'PgSleep'"
+        );
+        while Instant::now() < until {
+            if self.query(&asleep)?.first().is_some_and(|n| n == "1") {
+                return Ok(holder);
+            }
+            if holder.is_finished() {
+                return match holder.join() {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(format!("the session holding {key} ended early")),
+                };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(format!("the session holding {key} never slept"))
+    }
+
+    /// Waits (10 s at most) until at least `sessions` sessions wait for a
+    /// lock on the soak's database.
+    pub fn await_lock_waits(&self, sessions: usize) -> Result<(), String> {
+        let until = Instant::now() + Duration::from_secs(10);
+        let waiting = "SELECT count(*) FROM pg_stat_activity \
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        while Instant::now() < until {
+            if self
+                .query(waiting)?
+                .first()
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| n >= sessions)
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(format!("{sessions} sessions never waited for a lock"))
     }
 
     /// Every instance ready within `within` (after a fault of the

@@ -107,6 +107,106 @@ fn send(
     }
 }
 
+/// The interleaving migration 000016 closed, aimed at: a batch that finds
+/// its first plan kept and then waits for that plan's new key row, which
+/// another session holds uncommitted (as a racing instance whose own plan
+/// met the kept one does), with its transaction's id given and, were the
+/// horizon's lock not taken, no lock on `plans` while readers page past
+/// other commits; the rest of its batch then commits behind them.
+///
+/// On instance `instance`: the soak's own sessions hold three new keys of
+/// planner 0's for its newest kept plans. Planner 0's kept plan is sent
+/// under the first key, then under the second, so both of the instance's
+/// writers wait; then under the third, with a few new plans of the other
+/// planners beside it, which queue behind and form one batch when the
+/// first key is let go after `hold` (planner 0's maker sorts first, so its
+/// plan comes first in the batch). The third key is let go `hold` later,
+/// the second last; meanwhile plans commit through the other instance. Every answer is recorded as its planner's. `Ok(false)`
+/// when planner 0 has no kept plan yet.
+pub fn send_under_held_keys(
+    system: &System,
+    history: &History,
+    instance: usize,
+    n: u64,
+    hold: Duration,
+) -> Result<bool, String> {
+    let newest = system.query(
+        "SELECT run_id || ' ' || receipt_id FROM plans \
+          WHERE run_id ~ '^soak-0-[0-9]+$' ORDER BY id DESC LIMIT 1",
+    )?;
+    let Some((run_id, receipt_id)) = newest.first().and_then(|row| row.split_once(' ')) else {
+        return Ok(false);
+    };
+    let number = run_id
+        .trim_start_matches("soak-0-")
+        .parse::<u64>()
+        .map_err(|e| format!("{run_id}: {e}"))?;
+    let kept = |key: String| Sent {
+        run_id: run_id.to_owned(),
+        body: body(run_id, number),
+        key,
+    };
+    let keys: Vec<String> = (0..3).map(|k| format!("p0-held-{n}-{k}")).collect();
+    // Let go in this order: the first after `hold`, the third after two,
+    // the second last.
+    let holds = [hold, hold * 3 + Duration::from_millis(500), hold * 2];
+    let mut holders = Vec::new();
+    for (key, held_for) in keys.iter().zip(holds) {
+        holders.push(system.hold_key_row("planner-0", key, receipt_id, held_for)?);
+    }
+    let planners = system.planner_tokens.lock().map(|t| t.len()).unwrap_or(1);
+    std::thread::scope(|scope| -> Result<(), String> {
+        for (k, key) in keys.iter().enumerate() {
+            let sent = kept(key.clone());
+            scope.spawn(move || send(system, history, 0, instance, &sent, "held key"));
+            if k < 2 {
+                // The instance's writers taken one after the other.
+                system.await_lock_waits(k + 1)?;
+            }
+        }
+        for (i, p) in (1..planners).cycle().take(6).enumerate() {
+            let run_id = format!("soak-{p}-held-{n}-{i}");
+            let new = Sent {
+                body: body(&run_id, n),
+                key: format!("p{p}-held-{n}-{i}"),
+                run_id,
+            };
+            scope.spawn(move || send(system, history, p, instance, &new, "beside a held key"));
+        }
+        // Meanwhile plans commit through the other instance (the planners
+        // may all be held up on this one), so readers have newer plans to
+        // page past while the batch waits.
+        let other = (instance + 1) % system.count();
+        let third_let_go = &holders[2];
+        let mut i = 0;
+        while !third_let_go.is_finished() {
+            let run_id = format!("soak-1-meanwhile-{n}-{i}");
+            let new = Sent {
+                body: body(&run_id, n),
+                key: format!("p1-meanwhile-{n}-{i}"),
+                run_id,
+            };
+            send(
+                system,
+                history,
+                1 % planners,
+                other,
+                &new,
+                "while a key is held",
+            );
+            i += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    })?;
+    for holder in holders {
+        holder
+            .join()
+            .map_err(|_| "a key's holder panicked".to_owned())??;
+    }
+    Ok(true)
+}
+
 /// The planner threads; each gives how many answers it was acknowledged.
 pub fn planners(
     system: Arc<System>,
