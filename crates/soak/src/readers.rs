@@ -315,7 +315,11 @@ impl Reader {
                 });
             if !matches!(&status, Ok(s) if s.success()) {
                 if let Ok(mut exits) = self.exits.lock() {
-                    exits.push(format!("reader {}'s drain ended {status:?}", self.name));
+                    let said = match &status {
+                        Ok(status) => format!("ended {status}"),
+                        Err(error) => error.clone(),
+                    };
+                    exits.push(format!("reader {}'s drain {said}", self.name));
                 }
                 return;
             }

@@ -339,9 +339,17 @@ pub fn follower(
         let never = AtomicBool::new(false);
         // A write a killed instance's backend still holds keeps the feed's
         // horizon back for a moment: drain again until every stored plan
-        // was handed on, or 30 s.
+        // was handed on, or a pass began with no writer holding `plans`
+        // (Postgres; what it did not hand on, none will), or 30 s.
         let until = std::time::Instant::now() + Duration::from_secs(30);
+        let writers = "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                        WHERE c.relname = 'plans' AND l.mode = 'RowExclusiveLock'";
         loop {
+            let no_writer = system
+                .query(writers)
+                .ok()
+                .and_then(|rows| rows.first().map(|n| n == "0"))
+                .unwrap_or(false);
             if let Err(e) = plan_intake_client::follow(&client, &options, &never, &mut out) {
                 history.record(json!({"kind": "follower-error", "error": e.to_string()}));
                 break;
@@ -352,7 +360,7 @@ pub fn follower(
                 .ok()
                 .and_then(|rows| rows.first().and_then(|n| n.parse::<usize>().ok()))
                 .unwrap_or(0);
-            if handed >= stored || std::time::Instant::now() >= until {
+            if handed >= stored || no_writer || std::time::Instant::now() >= until {
                 break;
             }
             std::thread::sleep(Duration::from_millis(200));
