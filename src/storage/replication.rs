@@ -200,17 +200,23 @@ impl ReplicationBarrier {
 /// dropped.
 fn barrier_rounds(shared: &Weak<Shared>, url: &str) {
     let mut conn: Option<BarrierConn> = None;
-    // A first round, asked by nobody, to learn the primary's timeline
-    // before any request could need it (until a round finds one, the
-    // first that does counts as a change).
-    match commit_barrier(&mut conn, url) {
-        Ok((_, timeline)) => {
-            if let Some(strong) = shared.upgrade() {
-                strong.lock().timeline = Some(timeline);
+    // Where commits wait for a standby, a first round, asked by nobody,
+    // learns the primary's timeline before any request could need it
+    // (until a round finds one, the first that does counts as a change).
+    // Nowhere else: nothing is committed that nobody needs.
+    let commits_wait = shared
+        .upgrade()
+        .is_some_and(|strong| strong.commits_wait.load(Ordering::SeqCst));
+    if commits_wait {
+        match commit_barrier(&mut conn, url) {
+            Ok((_, timeline)) => {
+                if let Some(strong) = shared.upgrade() {
+                    strong.lock().timeline = Some(timeline);
+                }
             }
+            // Begun again, on a new connection, by the first round asked for.
+            Err(_) => conn = None,
         }
-        // Begun again, on a new connection, by the first round asked for.
-        Err(_) => conn = None,
     }
     loop {
         let Some(round) = next_round(shared) else {
