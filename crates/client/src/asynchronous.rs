@@ -44,9 +44,9 @@ use super::follow::{
     EXTENSION_WAIT_SECS, ExtensionVerdict, extension_query, judge_extension, no_proof,
 };
 use super::follow::{
-    LagReport, PageVerdict, Proof, Start, backoff_of, check_empty, check_options, feed_query,
-    fresh_proof, handed_again, judge_page, lines_of_proof, logged_beyond, proof_of_saved,
-    retry_wait, start_of,
+    CursorFile, Hand, LagReport, PageVerdict, Position, Proof, Refusal, Start, backoff_of,
+    check_empty, check_options, check_start, feed_query, fresh_proof, handed_again, judge_page,
+    lines_of_proof, logged_beyond, moved_by_empty, proof_of_saved, retry_wait, start_of,
 };
 use super::submit::{Attempts, Next};
 use super::{
@@ -439,7 +439,7 @@ impl AsyncClient {
 pub async fn follow<H, F, E>(
     client: &AsyncClient,
     options: &FollowOptions,
-    mut handle: H,
+    handle: H,
 ) -> Result<Followed, FollowError>
 where
     H: FnMut(Page) -> F,
@@ -447,39 +447,170 @@ where
     E: std::fmt::Display,
 {
     check_options(options)?;
-    super::follow::check_cursor_writable(&options.cursor_file)?;
     if options.exec.is_some() {
         return Err(FollowError::Options(
             "exec runs a command per page in the blocking follower; the async one hands each page to its handler".to_owned(),
         ));
     }
+    let file = CursorFile::new(&options.cursor_file, Hand::Before)?;
+    follow_into(client, options, &mut ThenCursorFile { file, handle }).await
+}
+
+/// Exactly once into the caller's own store, as the blocking
+/// [`crate::follow_from`]: each page goes to `handle` with the
+/// [`Position`] after it, to be committed together; `saved` is the
+/// position committed last. A page may hold no receipts (only the
+/// position moved): commit it all the same. Runs until dropped or, with
+/// `drain`, to the first empty page.
+pub async fn follow_from<H, F, E>(
+    client: &AsyncClient,
+    options: &FollowOptions,
+    saved: Option<Position>,
+    handle: H,
+) -> Result<Followed, FollowError>
+where
+    H: FnMut(Page, Position) -> F,
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    check_options(options)?;
+    follow_into(client, options, &mut WithPosition { saved, handle }).await
+}
+
+/// The async follower's sinks: the loop's side of them.
+trait AsyncSink {
+    fn saved(&mut self) -> Result<Option<Position>, FollowError>;
+    fn keeper(&self) -> String;
+    async fn take(&mut self, page: &Page, position: &Position) -> Result<(), Refusal>;
+}
+
+/// A handler, then the cursor file.
+struct ThenCursorFile<H> {
+    file: CursorFile<'static>,
+    handle: H,
+}
+
+impl<H, F, E> AsyncSink for ThenCursorFile<H>
+where
+    H: FnMut(Page) -> F,
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    fn saved(&mut self) -> Result<Option<Position>, FollowError> {
+        self.file.read()
+    }
+
+    fn keeper(&self) -> String {
+        use super::follow::Sink;
+        self.file.keeper()
+    }
+
+    async fn take(&mut self, page: &Page, position: &Position) -> Result<(), Refusal> {
+        if !page.receipts.is_empty() {
+            (self.handle)(page.clone())
+                .await
+                .map_err(|e| Refusal::Again(format!("the page's handler failed: {e}")))?;
+        }
+        Ok(self.file.save(position)?)
+    }
+}
+
+/// A handler that commits each page with its position.
+struct WithPosition<H> {
+    saved: Option<Position>,
+    handle: H,
+}
+
+impl<H, F, E> AsyncSink for WithPosition<H>
+where
+    H: FnMut(Page, Position) -> F,
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    fn saved(&mut self) -> Result<Option<Position>, FollowError> {
+        Ok(self.saved.clone())
+    }
+
+    fn keeper(&self) -> String {
+        "the position given".to_owned()
+    }
+
+    async fn take(&mut self, page: &Page, position: &Position) -> Result<(), Refusal> {
+        (self.handle)(page.clone(), position.clone())
+            .await
+            .map_err(|e| Refusal::Again(format!("the page's handler failed: {e}")))
+    }
+}
+
+/// Hands `page` to `sink` with `position`, again after a backoff while the
+/// sink says not now.
+async fn deliver(
+    sink: &mut impl AsyncSink,
+    backoff: &super::Backoff,
+    page: &Page,
+    position: &Position,
+) -> Result<(), FollowError> {
+    let mut failures = 0u32;
+    loop {
+        let why = match sink.take(page, position).await {
+            Ok(()) => return Ok(()),
+            Err(Refusal::Stop(error)) => return Err(error),
+            Err(Refusal::Again(why)) => why,
+        };
+        failures += 1;
+        tokio::time::sleep(handed_again(backoff, failures, page.receipts.len(), &why)).await;
+    }
+}
+
+/// Where the async loop starts.
+enum Began {
+    /// From a saved position, or at the feed's first receipt.
+    Resumed((Option<FeedCursor>, Proof)),
+    /// At the feed's end: saved before the first page.
+    AtEnd((FeedCursor, Proof)),
+}
+
+/// The async loop: the blocking one's rules (`follow::follow_into`),
+/// awaited.
+async fn follow_into(
+    client: &AsyncClient,
+    options: &FollowOptions,
+    sink: &mut impl AsyncSink,
+) -> Result<Followed, FollowError> {
+    let saved = sink.saved()?;
+    check_start(options, saved.is_some())?;
     let backoff = backoff_of(options);
     let mut done = Followed::default();
-    let (mut cursor, mut proof) = match start_of(options)? {
-        #[cfg(feature = "verify")]
-        Start::Saved(cursor, rest) => match proof_of_saved(options, &rest)? {
-            Some(verified) => client.resume(options, &backoff, &verified).await?,
-            None => (Some(cursor), None),
+    let began = match start_of(options, saved.as_ref()) {
+        Start::Saved(cursor, rest) => match proof_of_saved(options, &rest, &sink.keeper())? {
+            #[cfg(feature = "verify")]
+            Some(verified) => Began::Resumed(client.resume(options, &backoff, &verified).await?),
+            #[allow(unreachable_patterns)]
+            proof => Began::Resumed((Some(cursor), proof)),
         },
-        #[cfg(not(feature = "verify"))]
-        Start::Saved(cursor, rest) => (Some(cursor), proof_of_saved(options, &rest)?),
-        Start::First => (None, fresh_proof(options)),
+        Start::First => Began::Resumed((None, fresh_proof(options))),
         #[cfg(feature = "verify")]
         Start::AtEnd if options.verify.is_some() => {
-            let (cursor, proof) = client
-                .start_at_checkpoint(options, &backoff_of(options))
-                .await?;
-            super::follow::save_cursor(&options.cursor_file, &cursor, &lines_of_proof(&proof))?;
-            done.cursor_saved = true;
-            (Some(cursor), proof)
+            Began::AtEnd(client.start_at_checkpoint(options, &backoff).await?)
         }
         Start::AtEnd => {
             let end = client
                 .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
                 .await?;
-            let mut cursor = None;
-            done.passed_empty(options, &mut cursor, end.next, "")?;
-            (cursor, fresh_proof(options))
+            Began::AtEnd((end.next, fresh_proof(options)))
+        }
+    };
+    let (mut cursor, mut proof) = match began {
+        Began::Resumed(resumed) => resumed,
+        Began::AtEnd((cursor, proof)) => {
+            let position = Position::after(&cursor, &lines_of_proof(&proof));
+            let start = Page {
+                receipts: Vec::new(),
+                next: cursor.clone(),
+            };
+            deliver(sink, &backoff, &start, &position).await?;
+            done.cursor_saved = true;
+            (Some(cursor), proof)
         }
     };
     let mut lag = LagReport::new(options);
@@ -527,22 +658,23 @@ where
                 return Err(withheld);
             }
             lag.at_end();
-            done.passed_empty(options, &mut cursor, page.next, &lines_of_proof(&proof))?;
+            if let Some(position) = moved_by_empty(options, cursor.as_ref(), &page, &proof) {
+                deliver(sink, &backoff, &page, &position).await?;
+                done.cursor_saved = true;
+                cursor = Some(page.next);
+            }
             if options.drain {
                 return Ok(done);
             }
             continue;
         }
         let proven = client.prove(options, &backoff, &proof, &page).await?;
-        let mut failures = 0u32;
-        while let Err(why) = handle(page.clone()).await {
-            failures += 1;
-            let why = format!("the page's handler failed: {why}");
-            tokio::time::sleep(handed_again(&backoff, failures, page.receipts.len(), &why)).await;
-        }
+        let position = Position::after(&page.next, &lines_of_proof(&proven));
+        deliver(sink, &backoff, &page, &position).await?;
         proof = proven;
         lag.handed_on(&page, logged_beyond(&proof));
-        done.handed_on(options, &mut cursor, page, &lines_of_proof(&proof))?;
+        done.handed_on(&page);
+        cursor = Some(page.next);
     }
 }
 

@@ -18,7 +18,10 @@ use std::time::Duration;
 /// receipt a submit returns, problems, the feed's page and cursor.
 pub use plan_intake_wire as wire;
 
-pub use follow::{FollowError, FollowOptions, Followed, Lag, Page, follow};
+pub use follow::{
+    FollowError, FollowOptions, Followed, Lag, Page, Position, Refusal, Sink, follow, follow_from,
+    follow_into,
+};
 pub use submit::{
     DEFAULT_RETRY_BASE, LastAnswer, MAX_RETRY_DELAY, Outcome, RanOut, SubmitError, SubmitOptions,
     Submitted, derive_key,
