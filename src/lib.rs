@@ -7,6 +7,7 @@ pub mod config;
 pub mod deadline;
 pub mod evidence;
 pub mod http;
+pub mod inbox;
 pub mod intake;
 pub mod metrics;
 pub mod report;

@@ -95,9 +95,15 @@ enum Command {
     /// Submit a plan, retrying under one Idempotency-Key until the service keeps it; prints the receipt
     #[command(after_help = commands::submit::EXITS)]
     Submit(SubmitArgs),
-    /// Follow the feed: every receipt at least once, in order, the cursor saved after each page
+    /// Follow the feed, in order: every receipt at least once, the cursor saved after each page; with --into, exactly once into the consumer's database
     #[command(after_help = commands::follow::EXITS)]
     Follow(FollowArgs),
+    /// The ordering system's inbox tables, for `follow --into`: created in the consumer's database, or printed for its DBA
+    #[command(arg_required_else_help = true)]
+    Inbox {
+        #[command(subcommand)]
+        action: commands::inbox::InboxAction,
+    },
     /// Manage logins (the only way to create one)
     #[command(arg_required_else_help = true)]
     Logins {
@@ -185,6 +191,7 @@ fn run(command: Command) -> Result<(), CommandError> {
         Command::Serve(args) => commands::serve::run(args),
         Command::Submit(args) => commands::submit::run(args),
         Command::Follow(args) => commands::follow::run(args),
+        Command::Inbox { action } => commands::inbox::run(action),
         Command::Migrate { db, action } => commands::migrate::run(&db, action),
         Command::Logins { db, action } => commands::logins::run(&db, action),
         Command::Keys { db, action } => commands::keys::run(&db, action),

@@ -1,4 +1,6 @@
-//! `plan-intake follow`: the feed, page by page, the cursor saved after each.
+//! `plan-intake follow`: the feed, page by page, the cursor saved after
+//! each; or with `--into`, each page and the position after it committed
+//! together in the consumer's database.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,16 +14,19 @@ use super::{CommandError, ServiceArgs, connect, stop_on_signals, tell};
 pub const EXITS: &str = "SIGTERM or SIGINT finishes the page in hand, saves the cursor and exits 0. \
 Exit status: 0 stopped or drained; 65 a cursor the service refuses, or keys that cannot be trusted; 66 the --keys file cannot be read; 77 not allowed (401, 403); \
 76 (--verify) a page not proven to be the signed log's next leaves: nothing of it handed on or saved; \
-74 the cursor file or the output cannot be written; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
+74 the cursor file or the output cannot be written, or (--into) the inbox's tables are missing or hold a receipt twice; 71 CMD cannot be started; 2 a bad command line; 1 otherwise.";
 
 #[derive(Args)]
 pub struct FollowArgs {
     #[command(flatten)]
     pub service: ServiceArgs,
     /// Where the cursor is kept; when it does not exist, start at the feed's current end
-    #[arg(long)]
-    pub cursor_file: PathBuf,
-    /// When the cursor file does not exist, start at the feed's first receipt instead
+    #[arg(long, required_unless_present = "into", conflicts_with = "into")]
+    pub cursor_file: Option<PathBuf>,
+    /// Exactly once into the consumer's database (postgres://…, postgresql://…, sqlite://PATH or a plain SQLite path): each page's receipts and the follower's position in one transaction, in the tables `plan-intake inbox migrate` creates; no cursor file
+    #[arg(long, value_name = "DATABASE_URL", conflicts_with = "exec")]
+    pub into: Option<String>,
+    /// When nothing is saved yet (no cursor file, an empty inbox), start at the feed's first receipt instead
     #[arg(long)]
     pub from_start: bool,
     /// Each entry is {receipt, approved_inputs, content} (expand=plan)
@@ -70,6 +75,7 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
     let FollowArgs {
         service,
         cursor_file,
+        into,
         from_start,
         expand,
         limit,
@@ -82,14 +88,36 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         from_checkpoint,
         unsigned_prelude,
     } = args;
-    // Read only where it is used: beside a cursor file it may be gone
+    let client = connect(&service)?;
+    let stop = stop_on_signals()?;
+    let (mut keeper, holder) = match (&into, cursor_file) {
+        (Some(url), _) => {
+            let Some(inbox) = open_inbox(url, expand, &stop)? else {
+                tell!("stopped before the inbox's database answered");
+                return Ok(());
+            };
+            (Keeper::Inbox(Box::new(inbox)), PathBuf::new())
+        }
+        (None, Some(path)) => (Keeper::CursorFile, path),
+        (None, None) => {
+            return Err(CommandError::Usage(
+                "give --cursor-file FILE or --into DATABASE_URL".to_owned(),
+            ));
+        }
+    };
+    let saved = match &mut keeper {
+        Keeper::Inbox(inbox) => client::Sink::saved(inbox.as_mut())?.is_some(),
+        Keeper::CursorFile => holder.exists(),
+    };
+    let held_by = match &into {
+        Some(_) => "the inbox holds a position".to_owned(),
+        None => format!("{} holds a cursor", holder.display()),
+    };
+    // Read only where it is used: beside a saved position it may be gone
     // (a restart of a unit that once started from it).
     let from_checkpoint = match from_checkpoint {
-        Some(_) if cursor_file.exists() => {
-            tell!(
-                "--from-checkpoint is ignored: {} holds a cursor, and the follower goes on from it",
-                cursor_file.display()
-            );
+        Some(_) if saved => {
+            tell!("--from-checkpoint is ignored: {held_by}, and the follower goes on from it");
             None
         }
         Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
@@ -101,13 +129,9 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
         None => None,
     };
-    if from_start && cursor_file.exists() {
-        tell!(
-            "--from-start is ignored: {} holds a cursor, and the follower goes on from it (remove the file to start over)",
-            cursor_file.display()
-        );
+    if from_start && saved {
+        tell!("--from-start is ignored: {held_by}, and the follower goes on from it");
     }
-    let client = connect(&service)?;
     let options = FollowOptions {
         from_start,
         expand,
@@ -119,12 +143,13 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         from_checkpoint,
         unsigned_prelude,
         lag_every: Duration::from_secs(lag_every_secs),
-        ..FollowOptions::new(cursor_file)
+        ..FollowOptions::new(holder)
     };
-    let stop = stop_on_signals()?;
     // With --exec nothing goes to stdout, whatever it leads to
     // (a daemon's stdout is /dev/null opened for reading and writing).
-    let followed = if options.exec.is_some() {
+    let followed = if let Keeper::Inbox(inbox) = &mut keeper {
+        client::follow_into(&client, &options, &stop, inbox.as_mut())?
+    } else if options.exec.is_some() {
         client::follow(&client, &options, &stop, &mut std::io::sink())?
     } else {
         let mut out = plan_intake::stdout::open().map_err(FollowError::Output)?;
@@ -134,13 +159,56 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         "stopped after {} receipt(s) in {} page(s); {}",
         followed.receipts,
         followed.pages,
-        if followed.cursor_saved {
-            "the cursor is saved"
-        } else {
-            "the cursor is unchanged"
+        match (followed.cursor_saved, into.is_some()) {
+            (true, false) => "the cursor is saved",
+            (false, false) => "the cursor is unchanged",
+            (true, true) => "the inbox holds them and its position",
+            (false, true) => "the inbox's position is unchanged",
         }
     );
     Ok(())
+}
+
+/// What keeps the follower's position.
+enum Keeper {
+    CursorFile,
+    Inbox(Box<plan_intake::inbox::Inbox>),
+}
+
+/// The inbox, its database waited for while it cannot be reached (as an
+/// unreachable service is); missing tables end the run. `None`: asked to
+/// stop meanwhile.
+fn open_inbox(
+    url: &str,
+    expand: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Option<plan_intake::inbox::Inbox>, CommandError> {
+    use plan_intake::inbox::{Inbox, InboxError};
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match Inbox::open(url, expand) {
+            Ok(inbox) => return Ok(Some(inbox)),
+            Err(InboxError::Connect(e)) => {
+                super::tell_line(
+                    "WARN",
+                    &format!(
+                        "cannot connect to the inbox's database ({e}); trying again in {} ms",
+                        delay.as_millis()
+                    ),
+                    &[],
+                );
+            }
+            Err(other) => return Err(super::inbox::inbox_error(other)),
+        }
+        let until = std::time::Instant::now() + delay;
+        while std::time::Instant::now() < until {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
 }
 
 #[cfg(test)]

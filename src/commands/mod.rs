@@ -4,6 +4,7 @@
 
 pub mod evidence;
 pub mod follow;
+pub mod inbox;
 pub mod keys;
 pub mod logins;
 pub mod migrate;

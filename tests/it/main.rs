@@ -22,6 +22,7 @@ mod feed;
 mod forward;
 mod group_commit;
 mod hostile;
+mod inbox;
 mod intake;
 mod isolation;
 mod layers;

@@ -39,14 +39,14 @@ use std::time::Duration;
 
 use plan_intake_wire::feed::FeedCursor;
 
-#[cfg(feature = "verify")]
-use super::follow::{
-    EXTENSION_WAIT_SECS, ExtensionVerdict, extension_query, judge_extension, no_proof,
-};
 use super::follow::{
     CursorFile, Hand, LagReport, PageVerdict, Position, Proof, Refusal, Start, backoff_of,
     check_empty, check_options, check_start, feed_query, fresh_proof, handed_again, judge_page,
     lines_of_proof, logged_beyond, moved_by_empty, proof_of_saved, retry_wait, start_of,
+};
+#[cfg(feature = "verify")]
+use super::follow::{
+    EXTENSION_WAIT_SECS, ExtensionVerdict, extension_query, judge_extension, no_proof,
 };
 use super::submit::{Attempts, Next};
 use super::{

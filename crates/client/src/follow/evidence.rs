@@ -526,4 +526,3 @@ pub(crate) fn proof_of_saved(
 ) -> Result<Proof, FollowError> {
     Ok(NoProof)
 }
-

@@ -126,4 +126,3 @@ fn received_at(entry: &RawValue) -> Option<std::time::SystemTime> {
     let text = entry.received_at.or(entry.receipt.map(|r| r.received_at))?;
     humantime::parse_rfc3339(&text).ok()
 }
-

@@ -27,8 +27,8 @@ mod sink;
 pub(crate) use evidence::*;
 pub use lag::Lag;
 pub(crate) use lag::LagReport;
-pub use sink::{Position, Refusal, Sink};
 pub(crate) use sink::{CursorFile, Hand, Handler};
+pub use sink::{Position, Refusal, Sink};
 
 /// What to follow and where to hand it. The defaults are the CLI's.
 #[derive(Debug, Clone)]
@@ -155,6 +155,10 @@ pub enum FollowError {
     /// (`verify`): nothing of it was handed on or saved.
     #[error("not verified: {0}")]
     Unverified(String),
+    /// A sink cannot keep pages (a consumer's database without the
+    /// inbox's tables, or refusing them): nothing of the page was kept.
+    #[error("cannot keep the page: {0}")]
+    Sink(String),
     /// `CMD` cannot be run (not found, not executable).
     #[error("cannot run `sh -c {command}`")]
     Exec {
@@ -175,7 +179,7 @@ impl FollowError {
             Self::BadCursor(_) => 65,
             Self::Options(_) => 2,
             Self::Denied(_) => 77,
-            Self::CursorFile { .. } | Self::Output(_) => 74,
+            Self::CursorFile { .. } | Self::Output(_) | Self::Sink(_) => 74,
             Self::Exec { .. } => 71,
             Self::Unverified(_) => 76,
             Self::Unexpected(_) => 1,
@@ -960,7 +964,6 @@ fn pause_unless_stopped(stop: &AtomicBool, delay: Duration) -> bool {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -969,7 +972,8 @@ mod tests {
     fn a_saved_cursor_replaces_the_old_one_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("orders.cursor");
-        let save = |cursor| sink::save_position(&path, &Position::after(&FeedCursor::new(cursor), ""));
+        let save =
+            |cursor| sink::save_position(&path, &Position::after(&FeedCursor::new(cursor), ""));
         save("c-1").expect("save");
         save("c-2").expect("save again");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "c-2\n");

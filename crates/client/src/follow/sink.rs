@@ -403,4 +403,3 @@ pub(crate) fn save_position(path: &Path, position: &Position) -> Result<(), Foll
         .and_then(|dir| dir.sync_all())
         .map_err(failed)
 }
-

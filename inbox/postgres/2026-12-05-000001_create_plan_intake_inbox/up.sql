@@ -1,0 +1,33 @@
+-- The ordering system's inbox: every receipt of plan-intake's feed exactly
+-- once, in feed order, kept by `plan-intake follow --into` in one
+-- transaction with the follower's position. The tables are the consumer's:
+-- the follower needs only SELECT, INSERT, UPDATE on the first two.
+CREATE TABLE plan_intake_inbox (
+    -- Feed order (one follower writes an inbox, a page at a time).
+    inbox_seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    receipt_id TEXT NOT NULL UNIQUE,
+    -- The receipt as sent, byte for byte (signature and unknown members
+    -- included): `plan-intake receipts verify` checks it offline.
+    receipt TEXT NOT NULL,
+    -- With --expand: the plan's inputs and content, as the service stored them.
+    approved_inputs TEXT,
+    content TEXT,
+    inserted_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- The ordering system's own: set when it has processed the row.
+    processed_at TIMESTAMPTZ
+);
+
+CREATE INDEX plan_intake_inbox_unprocessed ON plan_intake_inbox (inbox_seq)
+    WHERE processed_at IS NULL;
+
+-- One row: where the follower stands after the last page kept.
+CREATE TABLE plan_intake_inbox_position (
+    singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    -- Opaque: the feed cursor and, with --verify, the proof so far.
+    position TEXT NOT NULL,
+    -- With --verify: the receipts proven to be the signed log's leaves,
+    -- and the last checkpoint met (SIZE ROOT ORIGIN).
+    verified_leaves BIGINT,
+    checkpoint TEXT,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);

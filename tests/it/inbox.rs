@@ -1,0 +1,320 @@
+//! `follow --into`: every receipt exactly once in the ordering system's own
+//! database. A follower is killed over and over while planners write (at
+//! random instants, and aborted at every seam of its transaction: begun,
+//! rows written, position written, committed), the consumer's Postgres is
+//! restarted under it, and at the end the inbox equals the feed: each
+//! receipt once, in feed order, byte for byte as sent, each verifying
+//! offline under the service's key.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::Text;
+use diesel::{PgConnection, SqliteConnection, sql_query};
+use rand::{RngExt, SeedableRng};
+use serde_json::value::RawValue;
+
+use crate::evidence::generate_key;
+use crate::support::TestDb;
+use crate::support::cluster::TempCluster;
+use crate::support::process::{BIN, ServeProcess, client, keep_plan, login_via_cli, run_cli_at};
+
+/// Where a run aborts itself: each seam of the page's transaction, at
+/// the first and the second transaction that writes.
+const SEAMS: [&str; 4] = ["begun", "rows", "position", "committed"];
+
+/// A signing service on SQLite, its planner writing until told to stop.
+struct Fed {
+    dir: tempfile::TempDir,
+    _db: TestDb,
+    service: ServeProcess,
+    reader: String,
+    /// The service's public key file, as `receipts verify` takes it.
+    keys: PathBuf,
+    stop: Arc<AtomicBool>,
+    planner: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Fed {
+    fn start() -> Self {
+        let db = TestDb::sqlite();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key = generate_key(dir.path(), "k1");
+        let key_arg = key.to_str().expect("utf-8 path");
+        let service = ServeProcess::start_with(&db.url, &["--signing-key", key_arg]);
+        let planner = login_via_cli(&db.url, "planner-a", "plans:submit");
+        let reader = login_via_cli(&db.url, "orders", "receipts:read");
+        let stop = Arc::new(AtomicBool::new(false));
+        let writing = {
+            let (addr, stop) = (service.addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let agent = client();
+                let mut written = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let run = format!("run-{written}");
+                    let body = format!(
+                        r#"{{"run_id":"{run}","approved_inputs":[{{"id":"forecast-v12"}}],"content":{{"run":"{run}"}}}}"#
+                    );
+                    keep_plan(&agent, &addr, &planner, &run, &body);
+                    written += 1;
+                    // A planner's pace, so that plans keep coming across
+                    // the followers' runs rather than all before them.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                written
+            })
+        };
+        Self {
+            keys: PathBuf::from(format!("{}.pub", key.display())),
+            dir,
+            _db: db,
+            service,
+            reader,
+            stop,
+            planner: Some(writing),
+        }
+    }
+
+    /// Stops the planner; how many plans it kept.
+    fn stop_writing(&mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.planner
+            .take()
+            .map(|p| p.join().expect("the planner"))
+            .unwrap_or_default()
+    }
+
+    /// `follow --into URL --from-start` in pages of `limit`.
+    fn follower(&self, into: &str, limit: u32, more: &[&str], env: &[(&str, &str)]) -> Child {
+        Command::new(BIN)
+            .args(["follow", "--into", into, "--from-start", "--wait-secs", "1"])
+            .args(["--limit", &limit.to_string()])
+            .args(more)
+            .env("PLAN_INTAKE_URL", format!("http://{}", self.service.addr))
+            .env("PLAN_INTAKE_TOKEN", &self.reader)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a follower")
+    }
+
+    /// The whole feed, each entry byte for byte: (receipt id, receipt).
+    fn feed(&self) -> Vec<(String, String)> {
+        let agent = client();
+        let mut after: Option<String> = None;
+        let mut entries = Vec::new();
+        loop {
+            let mut path = format!("http://{}/v1/receipts?limit=1000", self.service.addr);
+            if let Some(after) = &after {
+                path.push_str(&format!("&after={after}"));
+            }
+            let text = agent
+                .get(&path)
+                .set("Authorization", &format!("Bearer {}", self.reader))
+                .call()
+                .expect("a feed page")
+                .into_string()
+                .expect("the page");
+            let page: plan_intake_client::wire::feed::FeedPage<Box<RawValue>> =
+                serde_json::from_str(&text).expect("a feed page");
+            if page.receipts.is_empty() {
+                return entries;
+            }
+            for entry in &page.receipts {
+                let id: serde_json::Value = serde_json::from_str(entry.get()).expect("a receipt");
+                let id = id["receipt_id"].as_str().expect("an id").to_owned();
+                entries.push((id, entry.get().to_owned()));
+            }
+            after = Some(page.next.as_str().to_owned());
+        }
+    }
+}
+
+/// Waits for `child` to end by itself (an abort at its seam, a drain), at
+/// most `within`; kills it after that. Its exit status, if it ended.
+fn ended(mut child: Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(status) = child.try_wait().expect("wait for the follower") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+#[derive(QueryableByName)]
+struct InboxRow {
+    #[diesel(sql_type = Text)]
+    receipt_id: String,
+    #[diesel(sql_type = Text)]
+    receipt: String,
+}
+
+const IN_ORDER: &str = "SELECT receipt_id, receipt FROM plan_intake_inbox ORDER BY inbox_seq";
+
+/// The inbox, in its own order: (receipt id, receipt).
+fn inbox(url: &str) -> Vec<(String, String)> {
+    let rows: Vec<InboxRow> = if url.starts_with("postgres") {
+        let mut conn = PgConnection::establish(url).expect("the consumer's database");
+        sql_query(IN_ORDER).load(&mut conn).expect("the inbox")
+    } else {
+        let mut conn = SqliteConnection::establish(url).expect("the consumer's database");
+        sql_query(IN_ORDER).load(&mut conn).expect("the inbox")
+    };
+    rows.into_iter()
+        .map(|r| (r.receipt_id, r.receipt))
+        .collect()
+}
+
+/// Drains into the inbox until it holds `expected` receipts (a drain ends
+/// at its first empty page, which may come before the feed settled).
+fn drain_into(fed: &Fed, into: &str, expected: usize) {
+    for _ in 0..20 {
+        let status = ended(
+            fed.follower(into, 100, &["--drain"], &[]),
+            Duration::from_secs(60),
+        );
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "a drain ended {status:?}"
+        );
+        if inbox(into).len() >= expected {
+            return;
+        }
+    }
+}
+
+/// The inbox equals the feed, and each row verifies offline.
+fn assert_inbox_is_the_feed(fed: &Fed, into: &str, seed: u64) {
+    let feed = fed.feed();
+    drain_into(fed, into, feed.len());
+    let kept = inbox(into);
+    let feed_ids: Vec<&str> = feed.iter().map(|(id, _)| id.as_str()).collect();
+    let kept_ids: Vec<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        kept_ids, feed_ids,
+        "the inbox's receipts, then the feed's (seed {seed})"
+    );
+    assert_eq!(
+        kept, feed,
+        "each receipt byte for byte as sent (seed {seed})"
+    );
+    for (n, (id, receipt)) in kept.iter().enumerate() {
+        let file = fed.dir.path().join(format!("{id}.json"));
+        std::fs::write(&file, receipt).expect("write the receipt");
+        if n + 1 == kept.len() {
+            // The last one as an ordering system would: the command.
+            let said = run_cli_at(
+                "unused.db",
+                &["receipts", "verify", path(&file), "--keys", path(&fed.keys)],
+            );
+            assert!(said.status.success(), "receipts verify: {said:?}");
+        } else {
+            plan_intake::evidence::verify(&file, &fed.keys, None)
+                .unwrap_or_else(|e| panic!("row {n} ({id}) does not verify: {e}"));
+        }
+    }
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// Runs followers into `into` and ends each: first one aborting at each
+/// seam of its first and second transactions, then `kills` killed at
+/// random instants; `midway` runs once half of them are done, while a
+/// follower is running.
+fn kill_followers(fed: &Fed, into: &str, kills: usize, midway: impl FnOnce()) -> u64 {
+    let seed: u64 = rand::random();
+    eprintln!("inbox kills: seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for nth in ["1", "2"] {
+        for seam in SEAMS {
+            let at = format!("{seam}:{nth}");
+            let limit = rng.random_range(1..=7);
+            let run = fed.follower(
+                into,
+                limit,
+                &[],
+                &[("PLAN_INTAKE_TEST_INBOX_CRASH_AT", &at)],
+            );
+            let status = ended(run, Duration::from_secs(30));
+            assert!(
+                status.is_some_and(|s| !s.success()),
+                "a follower told to abort at {at} ended {status:?} (seed {seed})"
+            );
+        }
+    }
+    let mut midway = Some(midway);
+    for n in 0..kills {
+        let limit = rng.random_range(1..=20);
+        let mut run = fed.follower(into, limit, &[], &[]);
+        if n == kills / 2
+            && let Some(midway) = midway.take()
+        {
+            midway();
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..120)));
+        run.kill().expect("kill the follower");
+        run.wait().expect("reap the follower");
+    }
+    seed
+}
+
+/// Postgres, the consumer's own cluster, the follower under a role with
+/// only the grants the README gives; restarted mid-run.
+#[test]
+fn a_follower_killed_anywhere_keeps_each_receipt_once_in_a_postgres_inbox() {
+    let Some(cluster) = TempCluster::create() else {
+        return;
+    };
+    let owner = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
+    let migrated = run_cli_at("unused.db", &["inbox", "migrate", "--into", &owner]);
+    assert!(migrated.status.success(), "inbox migrate: {migrated:?}");
+    cluster.psql(
+        "CREATE ROLE orders_inbox LOGIN; \
+         GRANT SELECT, INSERT, UPDATE ON plan_intake_inbox, plan_intake_inbox_position TO orders_inbox",
+    );
+    let into = format!(
+        "postgres://orders_inbox@127.0.0.1:{}/postgres",
+        cluster.port
+    );
+    let mut fed = Fed::start();
+    let seed = kill_followers(&fed, &into, 100, || {
+        cluster
+            .ctl(&["restart", "-m", "immediate"])
+            .expect("restart the consumer's Postgres");
+    });
+    let written = fed.stop_writing();
+    assert_inbox_is_the_feed(&fed, &owner, seed);
+    assert!(
+        inbox(&owner).len() >= written,
+        "the planner's {written} plans"
+    );
+}
+
+/// SQLite: the same, on a file of the consumer's.
+#[test]
+fn a_follower_killed_anywhere_keeps_each_receipt_once_in_a_sqlite_inbox() {
+    let mut fed = Fed::start();
+    let into = fed.dir.path().join("orders.db");
+    let into = path(&into).to_owned();
+    let migrated = run_cli_at("unused.db", &["inbox", "migrate", "--into", &into]);
+    assert!(migrated.status.success(), "inbox migrate: {migrated:?}");
+    let seed = kill_followers(&fed, &into, 40, || {});
+    let written = fed.stop_writing();
+    assert_inbox_is_the_feed(&fed, &into, seed);
+    assert!(
+        inbox(&into).len() >= written,
+        "the planner's {written} plans"
+    );
+}
