@@ -170,7 +170,7 @@ echo '@@ orders.jsonl'; cat orders.jsonl
         .expect("run bash");
     let said = said_by(&out);
     assert!(out.status.success(), "the README's commands: {said}");
-    assert_eq!(ran.len(), 5, "the README's runnable blocks: {ran:?}");
+    assert_eq!(ran.len(), 6, "the README's runnable blocks: {ran:?}");
     let part = |from: &str| -> String {
         let start = said
             .find(from)
@@ -194,12 +194,20 @@ echo '@@ orders.jsonl'; cat orders.jsonl
         drained.contains("run-2026-11-30-a") && drained.contains("run-2026-12-01-a"),
         "the follower drains both receipts: {said}"
     );
-    let evidence = part(&format!("@@ README.md:{}", ran[3]));
+    let inbox = part(&format!("@@ README.md:{}", ran[3]));
+    assert!(
+        inbox.contains("2026-12-05-000001_create_plan_intake_inbox")
+            && said.contains("stopped after 2 receipt(s) in 1 page(s); the inbox holds them"),
+        "the inbox made, then both receipts kept in it: {said}"
+    );
+    let kept = crate::inbox::inbox(&work.join("orders.db").display().to_string());
+    assert_eq!(kept.len(), 2, "the inbox's rows: {kept:?}");
+    let evidence = part(&format!("@@ README.md:{}", ran[4]));
     assert!(
         evidence.contains("holds; leaf 2 of"),
         "the signed receipt, the log's third leaf, verified with its proof: {said}"
     );
-    let verified = part(&format!("@@ README.md:{}", ran[4]));
+    let verified = part(&format!("@@ README.md:{}", ran[5]));
     assert!(
         verified.contains("run-2026-11-30-a") && verified.contains("run-2026-12-01-signed"),
         "the verifying follower hands on every receipt: {said}"
@@ -221,6 +229,15 @@ fn the_client_readme_examples_run_against_a_live_service() {
     let planner = login_via_cli(&url, "planner-a", "plans:submit");
     let reader = login_via_cli(&url, "orders", "receipts:read");
     let service = ServeProcess::start_with(&url, &["--signing-key", crate::evidence::arg(&key)]);
+    // A plan before any example runs (rustdoc runs them in the order of
+    // their names, not the README's), for the followers to find.
+    crate::support::process::keep_plan(
+        &crate::support::process::client(),
+        &service.addr,
+        &planner,
+        "before-the-examples",
+        r#"{"run_id":"run-before-the-examples","approved_inputs":[{"id":"forecast-v12"}],"content":{}}"#,
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let cursor = dir.path().join("orders.cursor");
@@ -250,6 +267,7 @@ fn the_client_readme_examples_run_against_a_live_service() {
         .env("PLAN_INTAKE_READER_TOKEN", &reader)
         .env("PLAN_INTAKE_KEYS", format!("{}.pub", key.display()))
         .env("ORDERS_CURSOR", &cursor)
+        .env("ORDERS_STORE", dir.path().join("orders.store.json"))
         .output()
         .expect("run cargo");
     let said = format!(
@@ -281,6 +299,37 @@ fn the_client_readme_examples_run_against_a_live_service() {
         std::fs::read_to_string(&cursor).is_ok_and(|c| !c.trim().is_empty()),
         "the follower saved its cursor"
     );
+    // The exactly-once example's store: the feed's receipts, each once, in
+    // order, with the position after them.
+    let store: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("orders.store.json")).expect("the example's store"),
+    )
+    .expect("JSON");
+    let (_, page) =
+        crate::support::process::get(&agent, &service.addr, &reader, "/v1/receipts?limit=100");
+    let feed: Vec<String> = page["receipts"]
+        .as_array()
+        .expect("receipts")
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    let kept: Vec<String> = store["receipts"]
+        .as_array()
+        .expect("the store's receipts")
+        .iter()
+        .map(|r| {
+            let text = r.as_str().expect("a receipt as sent");
+            serde_json::from_str::<serde_json::Value>(text)
+                .expect("JSON")
+                .to_string()
+        })
+        .collect();
+    // The async example may write its plan after this one drained.
+    assert!(
+        !kept.is_empty() && feed.starts_with(&kept),
+        "the store holds the feed as far as it read, each receipt once: {kept:?} {feed:?}"
+    );
+    assert!(store["position"].is_string(), "and the position: {store}");
 }
 
 /// OPERATIONS.md's `sh` blocks that the suite does not run, each for its

@@ -162,7 +162,7 @@ struct InboxRow {
 const IN_ORDER: &str = "SELECT receipt_id, receipt FROM plan_intake_inbox ORDER BY inbox_seq";
 
 /// The inbox, in its own order: (receipt id, receipt).
-fn inbox(url: &str) -> Vec<(String, String)> {
+pub(crate) fn inbox(url: &str) -> Vec<(String, String)> {
     let rows: Vec<InboxRow> = if url.starts_with("postgres") {
         let mut conn = PgConnection::establish(url).expect("the consumer's database");
         sql_query(IN_ORDER).load(&mut conn).expect("the inbox")

@@ -112,6 +112,15 @@ impl FollowOptions {
     }
 }
 
+/// The command line's defaults with no cursor file: for the ways of
+/// following that keep a [`Position`] instead ([`follow_from`],
+/// [`follow_into`]).
+impl Default for FollowOptions {
+    fn default() -> Self {
+        Self::new(PathBuf::new())
+    }
+}
+
 /// How far a run got before it stopped cleanly (drained, or asked to stop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Followed {

@@ -151,6 +151,11 @@ impl<'a> CursorFile<'a> {
     /// Checked before anything is read: a page handed on whose cursor then
     /// cannot be saved would come again.
     pub(crate) fn new(path: &Path, hand: Hand<'a>) -> Result<Self, FollowError> {
+        if path.as_os_str().is_empty() {
+            return Err(FollowError::Options(
+                "no cursor_file: following into a cursor file needs one (or follow_from, follow_into keep a Position instead)".to_owned(),
+            ));
+        }
         check_cursor_writable(path)?;
         Ok(Self {
             path: path.to_owned(),
