@@ -269,3 +269,101 @@ async fn an_async_follower_dropped_between_pages_skips_nothing() {
     );
     assert_eq!((done.pages, done.receipts), (2, 3));
 }
+
+/// Exactly once into the caller's own store (`follow_from`): each page
+/// is committed with its position by the handler; a run dropped while its
+/// handler holds the second page, and a handler that fails once, leave
+/// each receipt in the store once, in feed order.
+#[actix_web::test]
+async fn an_async_follower_given_positions_keeps_each_receipt_once() {
+    use plan_intake_client::Position;
+    use plan_intake_client::asynchronous::follow_from;
+
+    let (_app, server, planner, reader) = served_sqlite();
+    let agent = crate::support::process::client();
+    let written: Vec<String> = (0..5)
+        .map(|i| {
+            let key = format!("kept-{i}");
+            let receipt = crate::support::process::keep_plan(
+                &agent,
+                &server.addr,
+                &planner,
+                &key,
+                &plan_body(&key, "x"),
+            );
+            receipt["receipt_id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    let options = FollowOptions {
+        from_start: true,
+        limit: 2,
+        wait: Duration::ZERO,
+        drain: true,
+        retry_base: Duration::from_millis(10),
+        ..FollowOptions::default()
+    };
+    let client = AsyncClient::new(&format!("http://{}", server.addr), &reader).expect("a client");
+    // The caller's store: receipt ids and the position after them,
+    // replaced together (its "transaction").
+    let store = Arc::new(Mutex::new((Vec::<String>::new(), None::<Position>)));
+    let commit = |page: &plan_intake_client::Page, position: Position| {
+        let mut store = store.lock().expect("store");
+        for entry in &page.receipts {
+            let receipt: serde_json::Value = serde_json::from_str(entry.get()).expect("a receipt");
+            store.0.push(receipt["receipt_id"].as_str().expect("an id").to_owned());
+        }
+        store.1 = Some(position);
+    };
+
+    // Run 1: the second page's handler never commits; the run is dropped.
+    let (second, held) = tokio::sync::oneshot::channel::<()>();
+    let second = Mutex::new(Some(second));
+    let pages = Mutex::new(0);
+    let run = follow_from(&client, &options, None, |page, position| {
+        let hold = {
+            let mut pages = pages.lock().expect("pages");
+            *pages += 1;
+            (*pages == 2)
+                .then(|| second.lock().expect("signal").take())
+                .flatten()
+        };
+        if hold.is_none() {
+            commit(&page, position);
+        }
+        async move {
+            if let Some(hold) = hold {
+                let _ = hold.send(());
+                std::future::pending::<()>().await;
+            }
+            Ok::<(), String>(())
+        }
+    });
+    tokio::select! {
+        ended = run => panic!("the run ended: {ended:?}"),
+        _ = held => {}
+    }
+    assert_eq!(store.lock().expect("store").0, written[0..2]);
+
+    // Run 2: from the stored position; the first try of its first page
+    // fails before committing.
+    let saved = store.lock().expect("store").1.clone();
+    assert!(saved.is_some(), "a position was committed");
+    let failed_once = Mutex::new(false);
+    let done = follow_from(&client, &options, saved, |page, position| {
+        let fail = !std::mem::replace(&mut *failed_once.lock().expect("flag"), true);
+        if !fail {
+            commit(&page, position);
+        }
+        async move {
+            if fail {
+                Err("the store is busy".to_owned())
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await
+    .expect("drained");
+    assert_eq!(done.receipts, 3, "{done:?}");
+    assert_eq!(store.lock().expect("store").0, written, "each receipt once, in feed order");
+}
