@@ -306,12 +306,7 @@ impl Inbox {
                     seam("begun");
                     insert_rows_postgres(c, rows)?;
                     seam("rows");
-                    let (text, leaves, checkpoint) = position_columns(position);
-                    sql_query(position_statement(held.is_some(), Backend::Postgres))
-                        .bind::<Text, _>(text)
-                        .bind::<Nullable<BigInt>, _>(leaves)
-                        .bind::<Nullable<Text>, _>(checkpoint)
-                        .execute(c)?;
+                    save_position(held.is_some(), Backend::Postgres, position).execute(c)?;
                     seam("position");
                 }
                 Ok(kept)
@@ -332,12 +327,7 @@ impl Inbox {
                         .execute(c)?;
                     }
                     seam("rows");
-                    let (text, leaves, checkpoint) = position_columns(position);
-                    sql_query(position_statement(held.is_some(), Backend::Sqlite))
-                        .bind::<Text, _>(text)
-                        .bind::<Nullable<BigInt>, _>(leaves)
-                        .bind::<Nullable<Text>, _>(checkpoint)
-                        .execute(c)?;
+                    save_position(held.is_some(), Backend::Sqlite, position).execute(c)?;
                     seam("position");
                 }
                 Ok(kept)
@@ -441,16 +431,29 @@ fn position_statement(stored: bool, backend: Backend) -> &'static str {
     }
 }
 
-/// The position's columns: its text, and with --verify the leaves proven
-/// and the last checkpoint, for the consumer to read.
-fn position_columns(position: &Position) -> (&str, Option<i64>, Option<&str>) {
-    (
-        position.as_str(),
-        position
-            .verified_leaves()
-            .and_then(|n| i64::try_from(n).ok()),
-        position.checkpoint(),
-    )
+/// The statement that saves `position`, bound: its text, and with
+/// --verify the leaves proven and the last checkpoint, for the consumer to
+/// read.
+fn save_position<'a, DB>(
+    stored: bool,
+    backend: Backend,
+    position: &'a Position,
+) -> diesel::query_builder::BoxedSqlQuery<'a, DB, diesel::query_builder::SqlQuery>
+where
+    DB: diesel::backend::Backend,
+    &'a str: diesel::serialize::ToSql<Text, DB>,
+    Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
+    Option<&'a str>: diesel::serialize::ToSql<Nullable<Text>, DB>,
+{
+    sql_query(position_statement(stored, backend))
+        .into_boxed::<DB>()
+        .bind::<Text, _>(position.as_str())
+        .bind::<Nullable<BigInt>, _>(
+            position
+                .verified_leaves()
+                .and_then(|n| i64::try_from(n).ok()),
+        )
+        .bind::<Nullable<Text>, _>(position.checkpoint())
 }
 
 impl Sink for Inbox {

@@ -73,6 +73,9 @@ impl VerifyError {
     }
 }
 
+/// A check of the database through one connection: what it found.
+type DatabaseCheck = fn(&mut DbConn) -> Result<String, VerifyError>;
+
 /// Runs every check, printing one line each; returns how many failed.
 pub fn run(url: &str) -> Result<usize, VerifyError> {
     let target = DatabaseTarget::parse(url)?;
@@ -83,28 +86,20 @@ pub fn run(url: &str) -> Result<usize, VerifyError> {
     let configured = Database::open(url, &options, MigrateOnOpen::Skip)?;
     let mut conn = configured.conn()?;
 
-    let mut checks = vec![
-        Check {
-            name: "migrations applied",
-            result: migrations_applied(&mut conn),
-        },
-        Check {
-            name: "pinned names",
-            result: pinned_names(&mut conn),
-        },
-        Check {
-            name: "feed positions behind the next write",
-            result: feed_invariant(&mut conn),
-        },
-        Check {
-            name: "key rows match their plans",
-            result: keys_match_their_plans(&mut conn),
-        },
-        Check {
-            name: "transaction isolation",
-            result: isolation(&mut conn),
-        },
+    let on_the_database: [(&'static str, DatabaseCheck); 5] = [
+        ("migrations applied", migrations_applied),
+        ("pinned names", pinned_names),
+        ("feed positions behind the next write", feed_invariant),
+        ("key rows match their plans", keys_match_their_plans),
+        ("transaction isolation", isolation),
     ];
+    let mut checks: Vec<Check> = on_the_database
+        .into_iter()
+        .map(|(name, check)| Check {
+            name,
+            result: check(&mut conn),
+        })
+        .collect();
     match Scratch::create(&target) {
         Ok(scratch) => {
             checks.push(Check {

@@ -81,9 +81,7 @@ pub async fn consistency(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ConsistencyQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
-        .into_inner();
+    let query = super::query_of::<ConsistencyQuery>(&req)?;
     admit_public_read(&req, &state)?;
     let deadline = super::deadline::of(&req, &state);
     let (old, new) = (query.old, query.new);
@@ -126,9 +124,7 @@ pub async fn extension(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ExtensionQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
-        .into_inner();
+    let query = super::query_of::<ExtensionQuery>(&req)?;
     let wait =
         crate::intake::feed::parse_wait(query.wait.as_deref()).map_err(ApiError::BadQuery)?;
     let familiar = familiar_caller(&req, &state);
@@ -353,9 +349,7 @@ pub async fn start(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     // the feed's readers only, as the feed itself is.
     let login = super::auth::authenticate(&req, &state).await?;
     super::auth::require(&login, crate::intake::Permission::ReceiptsRead)?;
-    let query = web::Query::<StartQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
-        .into_inner();
+    let query = super::query_of::<StartQuery>(&req)?;
     let deadline = super::deadline::of(&req, &state);
     let size = query.size;
     let start = state

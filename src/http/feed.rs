@@ -46,9 +46,7 @@ pub async fn list_receipts(
 ) -> Result<HttpResponse, ApiError> {
     let login = auth::authenticate(&req, &state).await?;
     auth::require(&login, Permission::ReceiptsRead)?;
-    let query = web::Query::<FeedQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))?
-        .into_inner();
+    let query = super::query_of::<FeedQuery>(&req)?;
     let expand = match query.expand.as_deref() {
         None => false,
         Some("plan") => true,

@@ -254,6 +254,15 @@ impl AppState {
 }
 
 /// A 200 with `value` as JSON whose body keeps `room` until it is sent.
+/// The request's query string as `T`, or a 400 naming what is wrong.
+pub(crate) fn query_of<T: serde::de::DeserializeOwned>(
+    req: &actix_web::HttpRequest,
+) -> Result<T, ApiError> {
+    web::Query::<T>::from_query(req.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| ApiError::BadQuery(format!("invalid query string: {e}")))
+}
+
 pub(crate) fn held_json<T: serde::Serialize>(
     value: &T,
     room: admission::BodyBytes,

@@ -304,7 +304,7 @@ impl Intake {
         self.refuse_unsigned_on_signed_log()?;
         let parts = hashing::canonicalize(submission);
         submit::check_receipt_size(&caller.login, submission, &parts)?;
-        let written = self.write(caller, key, submission, &parts, deadline);
+        let written = self.write_from(caller, key, submission, &parts, deadline, None);
         self.after_write(caller, &written);
         written
     }

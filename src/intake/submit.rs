@@ -107,18 +107,6 @@ pub struct FirstAttempt {
 }
 
 impl Intake {
-    /// The write itself, attempt after attempt, for [`Intake::submit`].
-    pub(super) fn write(
-        &self,
-        caller: &Caller,
-        key: &IdempotencyKey,
-        submission: &Submission,
-        parts: &CanonicalParts,
-        deadline: &Deadline,
-    ) -> Result<Accepted, SubmitError> {
-        self.write_from(caller, key, submission, parts, deadline, None)
-    }
-
     /// The first attempt, awaited on the writers' queue (Postgres). The
     /// answer when it is final now (created, unauthorized, and replays
     /// when nothing waits for a standby), else the attempt to go on from.
@@ -155,7 +143,8 @@ impl Intake {
         }
     }
 
-    /// The write, attempt after attempt, from `first` when one was made.
+    /// The write itself, attempt after attempt, for [`Intake::submit`],
+    /// from `first` when one was made.
     pub(super) fn write_from(
         &self,
         caller: &Caller,

@@ -310,7 +310,9 @@ async fn an_async_follower_given_positions_keeps_each_receipt_once() {
         let mut store = store.lock().expect("store");
         for entry in &page.receipts {
             let receipt: serde_json::Value = serde_json::from_str(entry.get()).expect("a receipt");
-            store.0.push(receipt["receipt_id"].as_str().expect("an id").to_owned());
+            store
+                .0
+                .push(receipt["receipt_id"].as_str().expect("an id").to_owned());
         }
         store.1 = Some(position);
     };
@@ -365,5 +367,9 @@ async fn an_async_follower_given_positions_keeps_each_receipt_once() {
     .await
     .expect("drained");
     assert_eq!(done.receipts, 3, "{done:?}");
-    assert_eq!(store.lock().expect("store").0, written, "each receipt once, in feed order");
+    assert_eq!(
+        store.lock().expect("store").0,
+        written,
+        "each receipt once, in feed order"
+    );
 }

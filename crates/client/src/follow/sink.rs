@@ -291,10 +291,7 @@ pub(crate) fn check_cursor_writable(path: &Path) -> Result<(), FollowError> {
         path: path.to_owned(),
         source,
     };
-    let directory = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
+    let directory = directory_of(path);
     let mut probe_name = path.file_name().unwrap_or_default().to_owned();
     probe_name.push(".probe");
     let probe = directory.join(probe_name);
@@ -391,10 +388,7 @@ pub(crate) fn save_position(path: &Path, position: &Position) -> Result<(), Foll
         path: path.to_owned(),
         source,
     };
-    let directory = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
+    let directory = directory_of(path);
     let mut temporary_name = path.file_name().unwrap_or_default().to_owned();
     temporary_name.push(".tmp");
     let temporary = directory.join(temporary_name);
@@ -407,4 +401,12 @@ pub(crate) fn save_position(path: &Path, position: &Position) -> Result<(), Foll
     File::open(directory)
         .and_then(|dir| dir.sync_all())
         .map_err(failed)
+}
+
+/// The directory a file is in (`.` for a bare name).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
 }
