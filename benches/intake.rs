@@ -6,6 +6,10 @@
 //! `--verified-follow` runs only the followers' scenario: new plans at N
 //! clients on a signing service, read by `plan-intake follow` and by
 //! `plan-intake follow --verify` side by side.
+//! `--inbox-follow` runs only the inbox's scenario: new plans at N clients
+//! on a signing service, read by `plan-intake follow` to stdout (the
+//! baseline) and by `plan-intake follow --into` with and without
+//! `--verify`, once into a Postgres inbox and once into a SQLite one.
 //! `--public-flood` runs only the stranger's budget: N planner clients on
 //! a signing service alone, then beside a flood with no token on every
 //! public route (entry and hash tiles, checkpoints, extension waits,
@@ -57,6 +61,8 @@ struct Options {
     quick: bool,
     /// Only the verifying and the plain follower, side by side.
     verified_follow: bool,
+    /// Only the stdout follower and the inbox followers, side by side.
+    inbox_follow: bool,
     /// Only the planners alone and beside a flood of requests with no
     /// token on every public route.
     public_flood: bool,
@@ -77,6 +83,7 @@ fn options() -> Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         quick: false,
         verified_follow: false,
+        inbox_follow: false,
         public_flood: false,
         flood_routes: [
             "entry-tile",
@@ -113,6 +120,7 @@ fn options() -> Options {
             }
             "--quick" => options.quick = true,
             "--verified-follow" => options.verified_follow = true,
+            "--inbox-follow" => options.inbox_follow = true,
             "--public-flood" => options.public_flood = true,
             "--flood-routes" => {
                 options.flood_routes = value.split(',').map(String::from).collect();
@@ -617,10 +625,35 @@ fn main() {
             } else {
                 8
             };
+            let kinds = [Follower::Stdout, Follower::StdoutVerified];
             print_followers(
                 backend,
-                &followers_side_by_side(backend, &options, pool_size),
+                &followers_side_by_side(backend, &options, pool_size, &kinds),
             );
+        }
+        return;
+    }
+    if options.inbox_follow {
+        for backend in options.backends.clone() {
+            let pool_size = if backend == "postgres" {
+                options.concurrency as u32
+            } else {
+                8
+            };
+            for consumer in ["postgres", "sqlite"] {
+                // An inbox each: one follower writes an inbox.
+                let (plain, plain_cleanup) = inbox_of(consumer, &options);
+                let (verified, verified_cleanup) = inbox_of(consumer, &options);
+                let kinds = [
+                    Follower::Stdout,
+                    Follower::Inbox(consumer, plain, false),
+                    Follower::Inbox(consumer, verified, true),
+                ];
+                let followers = followers_side_by_side(backend, &options, pool_size, &kinds);
+                print_followers(backend, &followers);
+                plain_cleanup();
+                verified_cleanup();
+            }
         }
         return;
     }
@@ -636,6 +669,21 @@ fn main() {
         cleanup();
     }
     print_report(&options, &rows, &push_rows);
+}
+
+/// A fresh database of `consumer`'s kind with the inbox's tables made by
+/// `plan-intake inbox migrate`: its URL, and how to remove it.
+fn inbox_of(consumer: &str, options: &Options) -> (String, Box<dyn FnOnce()>) {
+    let (url, cleanup) = fresh_database(consumer, options);
+    let url = url
+        .strip_prefix("sqlite://")
+        .map_or(url.clone(), str::to_owned);
+    let made = Command::new(BIN)
+        .args(["inbox", "migrate", "--into", &url])
+        .output()
+        .expect("run inbox migrate");
+    assert!(made.status.success(), "inbox migrate: {made:?}");
+    (url, cleanup)
 }
 
 /// A push-latency run: backend, where the reader is, the run.
@@ -752,7 +800,12 @@ fn bench_backend(
     );
     print_followers(
         backend,
-        &followers_side_by_side(backend, options, pool_size),
+        &followers_side_by_side(
+            backend,
+            options,
+            pool_size,
+            &[Follower::Stdout, Follower::StdoutVerified],
+        ),
     );
     // Many more clients than the pool has connections, spread over 16
     // logins so that no login's share (16 in flight) turns them away.
@@ -1286,25 +1339,119 @@ struct Followed {
     cpu_ms_per_1000: f64,
 }
 
-/// The plain and the verifying follower, read side by side from one run.
+/// Followers read side by side from one run.
 struct Followers {
     plans: usize,
     rate: f64,
-    plain: Followed,
-    verifying: Followed,
+    /// Each follower's name and what it did; the first is the baseline.
+    followed: Vec<(String, Followed)>,
     limit: u32,
 }
 
-/// Receipts per page both followers ask for (the default).
+/// Receipts per page every follower asks for (the default).
 const FOLLOW_LIMIT: u32 = 100;
 
+/// One follower of the followers' scenarios.
+enum Follower {
+    /// `plan-intake follow` to stdout: the baseline.
+    Stdout,
+    /// `plan-intake follow --verify --keys KEY.pub` to stdout.
+    StdoutVerified,
+    /// `plan-intake follow --into URL` (the consumer's backend, its URL),
+    /// with `--verify` or not.
+    Inbox(&'static str, String, bool),
+}
+
+impl Follower {
+    fn name(&self) -> String {
+        match self {
+            Self::Stdout => "follow (baseline, unverified)".to_owned(),
+            Self::StdoutVerified => "follow --verify --keys KEY.pub".to_owned(),
+            Self::Inbox(consumer, _, false) => format!("follow --into {consumer}"),
+            Self::Inbox(consumer, _, true) => format!("follow --into {consumer} --verify"),
+        }
+    }
+}
+
+/// When each run_id arrived where a follower hands it on.
+type Arrivals = Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>;
+
+/// The run_id of a feed entry (a receipt, or an expanded plan's).
+fn run_id_of(entry: &str) -> Option<String> {
+    let entry = serde_json::from_str::<serde_json::Value>(entry).ok()?;
+    let receipt = entry.get("receipt").unwrap_or(&entry);
+    Some(receipt.get("run_id")?.as_str()?.to_owned())
+}
+
+/// Each line on a follower's stdout, timed as it comes.
+fn time_lines(out: std::process::ChildStdout) -> Arrivals {
+    let seen = Arrivals::default();
+    let into = seen.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let at = Instant::now();
+            if let Some(run) = run_id_of(&line) {
+                into.lock().expect("seen").insert(run, at);
+            }
+        }
+    });
+    seen
+}
+
+/// Each row committed in an inbox, timed by a reader polling it every
+/// 5 ms (so each time is late by up to 5 ms) until `done`.
+fn time_rows(consumer: &str, url: &str, done: Arc<AtomicBool>) -> Arrivals {
+    #[derive(QueryableByName)]
+    struct Kept {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        inbox_seq: i64,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        receipt: String,
+    }
+    let seen = Arrivals::default();
+    let into = seen.clone();
+    let (consumer, url) = (consumer.to_owned(), url.to_owned());
+    thread::spawn(move || {
+        let mut pg = (consumer == "postgres")
+            .then(|| PgConnection::establish(&url).expect("the Postgres inbox"));
+        let mut lite = (consumer == "sqlite")
+            .then(|| SqliteConnection::establish(&url).expect("the SQLite inbox"));
+        let mut last = 0i64;
+        while !done.load(Ordering::SeqCst) {
+            let query = format!(
+                "SELECT inbox_seq, receipt FROM plan_intake_inbox WHERE inbox_seq > {last} ORDER BY inbox_seq"
+            );
+            let rows: Vec<Kept> = match (&mut pg, &mut lite) {
+                (Some(conn), _) => diesel::sql_query(query).load(conn),
+                (_, Some(conn)) => diesel::sql_query(query).load(conn),
+                _ => Ok(Vec::new()),
+            }
+            .unwrap_or_default();
+            let at = Instant::now();
+            for row in rows {
+                last = row.inbox_seq;
+                if let Some(run) = run_id_of(&row.receipt) {
+                    into.lock().expect("seen").insert(run, at);
+                }
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    });
+    seen
+}
+
 /// A signing service under new plans at N clients for the run's duration,
-/// followed from the feed's start by `plan-intake follow` (the baseline:
-/// what the ordering system ran before) and by `plan-intake follow
-/// --verify --keys KEY.pub`, each a process of its own with the same page
-/// size; for every plan, the time from its 201 to its line on each
-/// follower's stdout, and each follower's CPU per receipt.
-fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> Followers {
+/// followed from the feed's start by each of `kinds`, each a process of
+/// its own with the same page size; for every plan, the time from its 201
+/// to where each follower hands it on (its stdout, its inbox), and each
+/// follower's CPU per receipt.
+fn followers_side_by_side(
+    backend: &str,
+    options: &Options,
+    pool_size: u32,
+    kinds: &[Follower],
+) -> Followers {
     let (url, cleanup) = fresh_database(backend, options);
     let dir = tempfile::tempdir().expect("temp dir");
     let key = generated_key(dir.path());
@@ -1324,58 +1471,43 @@ fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> F
         &["--signing-key", key.to_str().expect("utf-8 path")],
     );
     let public = format!("{}.pub", key.display());
-    let follower = |name: &str, verify: bool| -> Child {
-        let mut command = Command::new(BIN);
-        command
-            .args([
-                "follow",
-                "--from-start",
-                "--limit",
-                &FOLLOW_LIMIT.to_string(),
-            ])
-            .arg("--url")
-            .arg(format!("http://{}", service.addr))
-            .arg("--token-file")
-            .arg(&token_file)
-            .arg("--cursor-file")
-            .arg(dir.path().join(format!("{name}.cursor")));
-        if verify {
-            command.args(["--verify", "--keys", &public]);
-        }
-        command
-            .env("PLAN_INTAKE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start a follower")
-    };
-    let mut followers = [follower("plain", false), follower("verifying", true)];
-    // Each follower's stdout, read as it comes: when each run_id arrived.
-    let readers: Vec<_> = followers
-        .iter_mut()
-        .map(|child| {
-            let out = BufReader::new(child.stdout.take().expect("stdout"));
-            let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
-                String,
-                Instant,
-            >::new()));
-            let into = seen.clone();
-            thread::spawn(move || {
-                for line in out.lines() {
-                    let Ok(line) = line else { break };
-                    let at = Instant::now();
-                    let run = serde_json::from_str::<serde_json::Value>(&line)
-                        .ok()
-                        .and_then(|entry| {
-                            let receipt = entry.get("receipt").unwrap_or(&entry);
-                            Some(receipt.get("run_id")?.as_str()?.to_owned())
-                        });
-                    if let Some(run) = run {
-                        into.lock().expect("seen").insert(run, at);
-                    }
-                }
-            });
-            seen
+    let polling = Arc::new(AtomicBool::new(false));
+    let mut followers: Vec<(Child, Arrivals)> = kinds
+        .iter()
+        .enumerate()
+        .map(|(n, kind)| {
+            let mut command = Command::new(BIN);
+            command
+                .args([
+                    "follow",
+                    "--from-start",
+                    "--limit",
+                    &FOLLOW_LIMIT.to_string(),
+                ])
+                .arg("--url")
+                .arg(format!("http://{}", service.addr))
+                .arg("--token-file")
+                .arg(&token_file);
+            match kind {
+                Follower::Inbox(_, url, _) => command.args(["--into", url]),
+                _ => command
+                    .arg("--cursor-file")
+                    .arg(dir.path().join(format!("{n}.cursor"))),
+            };
+            if matches!(kind, Follower::StdoutVerified | Follower::Inbox(_, _, true)) {
+                command.args(["--verify", "--keys", &public]);
+            }
+            let mut child = command
+                .env("PLAN_INTAKE_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start a follower");
+            let seen = match kind {
+                Follower::Inbox(consumer, url, _) => time_rows(consumer, url, polling.clone()),
+                _ => time_lines(child.stdout.take().expect("stdout")),
+            };
+            (child, seen)
         })
         .collect();
     let completed = std::sync::Mutex::new(Vec::new());
@@ -1391,22 +1523,22 @@ fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> F
     let completed = completed.into_inner().expect("completions");
     let ended = Instant::now();
     while ended.elapsed() < Duration::from_secs(60)
-        && readers
+        && followers
             .iter()
-            .any(|seen| seen.lock().expect("seen").len() < completed.len())
+            .any(|(_, seen)| seen.lock().expect("seen").len() < completed.len())
     {
         thread::sleep(Duration::from_millis(50));
     }
+    polling.store(true, Ordering::SeqCst);
     let cpu: Vec<f64> = followers
         .iter()
-        .map(|child| cpu_seconds_of(&child.id().to_string()))
+        .map(|(child, _)| cpu_seconds_of(&child.id().to_string()))
         .collect();
-    for child in &mut followers {
+    for (child, _) in &mut followers {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let followed = |seen: &Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
-                    cpu: f64| {
+    let followed = |seen: &Arrivals, cpu: f64| {
         let seen = seen.lock().expect("seen");
         let delays: Vec<Duration> = completed
             .iter()
@@ -1426,8 +1558,12 @@ fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> F
     let result = Followers {
         plans: completed.len(),
         rate: run.rate(),
-        plain: followed(&readers[0], cpu[0]),
-        verifying: followed(&readers[1], cpu[1]),
+        followed: kinds
+            .iter()
+            .zip(&followers)
+            .zip(&cpu)
+            .map(|((kind, (_, seen)), cpu)| (kind.name(), followed(seen, *cpu)))
+            .collect(),
         limit: FOLLOW_LIMIT,
     };
     drop(service);
@@ -1436,26 +1572,22 @@ fn followers_side_by_side(backend: &str, options: &Options, pool_size: u32) -> F
 }
 
 fn print_followers(backend: &str, followers: &Followers) {
-    let line = |name: &str, f: &Followed| {
+    println!(
+        "{backend}: followers: {} new plans at {:.0}/s on a signing service, pages of {}",
+        followers.plans, followers.rate, followers.limit
+    );
+    let baseline = followers.followed.first().map(|(_, f)| f.cpu_ms_per_1000);
+    for (name, f) in &followers.followed {
         println!(
-            "{backend}: {name:<38} from 201 to handed on: p50 {:>6.0} ms, p99 {:>6.0} ms, max {:>6.0} ms; {} not handed on; CPU {:.1} ms per 1,000 receipts",
+            "{backend}: {name:<38} from 201 to handed on: p50 {:>6.0} ms, p99 {:>6.0} ms, max {:>6.0} ms; {} not handed on; CPU {:.1} ms per 1,000 receipts ({:.2}x the baseline's)",
             ms(f.delay.percentile(0.5)).unwrap_or(f64::NAN),
             ms(f.delay.percentile(0.99)).unwrap_or(f64::NAN),
             ms(f.delay.percentile(1.0)).unwrap_or(f64::NAN),
             f.missing,
             f.cpu_ms_per_1000,
+            baseline.map_or(f64::NAN, |b| f.cpu_ms_per_1000 / b),
         );
-    };
-    println!(
-        "{backend}: followers: {} new plans at {:.0}/s on a signing service, pages of {}",
-        followers.plans, followers.rate, followers.limit
-    );
-    line("follow (baseline, unverified)", &followers.plain);
-    line("follow --verify --keys KEY.pub", &followers.verifying);
-    println!(
-        "{backend}: verifying costs {:+.0} % of the unverified follower's CPU",
-        (followers.verifying.cpu_ms_per_1000 / followers.plain.cpu_ms_per_1000 - 1.0) * 100.0
-    );
+    }
 }
 
 /// Readers asking for the first 100 receipts of the feed, 4 at a time.
