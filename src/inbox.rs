@@ -83,7 +83,7 @@ pub enum InboxError {
     #[error("the inbox's database: {0}")]
     Database(#[source] DieselError),
     #[error(
-        "the inbox's tables are not in this database ({0}): create them first with `plan-intake inbox migrate --into URL`, or have a DBA run what `plan-intake inbox sql` prints"
+        "the inbox's position cannot be read ({0}): are the inbox's tables in this database (`plan-intake inbox migrate --into URL`, or what `plan-intake inbox sql` prints, run by a DBA), and may this role read and write them (README: the inbox's GRANTs)?"
     )]
     NoTables(String),
 }
@@ -95,9 +95,17 @@ enum Conn {
 
 fn connect(target: &DatabaseTarget) -> Result<Conn, InboxError> {
     match target {
-        DatabaseTarget::Postgres(url) => PgConnection::establish(url)
-            .map(Conn::Postgres)
-            .map_err(InboxError::Connect),
+        DatabaseTarget::Postgres(url) => {
+            let mut conn = PgConnection::establish(url).map_err(InboxError::Connect)?;
+            // A page's transaction is short: one left open by a follower
+            // that vanished (a half-open connection) is ended by the
+            // server, and a wait on its lock gives up and is tried again.
+            conn.batch_execute(
+                "SET idle_in_transaction_session_timeout = '60s'; SET lock_timeout = '30s'",
+            )
+            .map_err(InboxError::Database)?;
+            Ok(Conn::Postgres(conn))
+        }
         DatabaseTarget::Sqlite(path) => {
             let mut conn = SqliteConnection::establish(path).map_err(InboxError::Connect)?;
             // Durable at COMMIT whatever journal the DBA chose; a consumer
@@ -127,15 +135,17 @@ pub fn migrate(url: &str) -> Result<Vec<&'static str>, InboxError> {
         C: Connection,
         for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, C, Version>,
     {
-        let (tracking, lock) = match backend {
-            Backend::Postgres => (
-                TRACKING_POSTGRES,
-                "LOCK TABLE plan_intake_inbox_migrations IN EXCLUSIVE MODE",
-            ),
-            Backend::Sqlite => (TRACKING_SQLITE, "SELECT 1"),
-        };
-        conn.batch_execute(tracking)?;
-        conn.batch_execute(lock)?;
+        if backend == Backend::Postgres {
+            // Before the tracking table may exist: two first runs at once
+            // would race on its CREATE (SQLite's write lock orders them).
+            conn.batch_execute(
+                "SELECT pg_advisory_xact_lock(hashtext('plan_intake_inbox_migrations'))",
+            )?;
+        }
+        conn.batch_execute(match backend {
+            Backend::Postgres => TRACKING_POSTGRES,
+            Backend::Sqlite => TRACKING_SQLITE,
+        })?;
         let done: Vec<String> = sql_query("SELECT version FROM plan_intake_inbox_migrations")
             .load::<Version>(conn)?
             .into_iter()
@@ -168,8 +178,8 @@ pub fn migrate(url: &str) -> Result<Vec<&'static str>, InboxError> {
 
 #[derive(QueryableByName)]
 struct Stored {
-    #[diesel(sql_type = Text)]
-    position: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    position: Option<String>,
 }
 
 /// One feed entry as the inbox keeps it.
@@ -276,6 +286,9 @@ impl Inbox {
         }
         .map_err(|e| match e {
             DieselError::DatabaseError(_, info) => InboxError::NoTables(info.message().to_owned()),
+            DieselError::NotFound => InboxError::NoTables(
+                "plan_intake_inbox_position has no row; `inbox migrate` makes it".to_owned(),
+            ),
             other => InboxError::Database(other),
         })?;
         let held = stored
@@ -306,7 +319,7 @@ impl Inbox {
                     seam("begun");
                     insert_rows_postgres(c, rows)?;
                     seam("rows");
-                    save_position(held.is_some(), Backend::Postgres, position).execute(c)?;
+                    save_position(Backend::Postgres, position).execute(c)?;
                     seam("position");
                 }
                 Ok(kept)
@@ -327,7 +340,7 @@ impl Inbox {
                         .execute(c)?;
                     }
                     seam("rows");
-                    save_position(held.is_some(), Backend::Sqlite, position).execute(c)?;
+                    save_position(Backend::Sqlite, position).execute(c)?;
                     seam("position");
                 }
                 Ok(kept)
@@ -339,31 +352,47 @@ impl Inbox {
 /// Test seam: with `PLAN_INTAKE_TEST_INBOX_CRASH_AT=SEAM:N` the follower
 /// aborts (as a kill -9 would end it) at `SEAM` of its `N`th transaction
 /// that writes: `begun`, `rows`, `position` (each before COMMIT) or
-/// `committed` (after it, before the follower learns it).
+/// `committed` (after it, before the follower learns it); at `lost` it
+/// goes on as if the COMMIT's answer was lost (`lost_answer`).
 fn seam(at: &str) {
+    if at != "lost" && seam_reached(at) {
+        std::process::abort();
+    }
+}
+
+/// Test seam `lost`: the COMMIT landed but its answer is treated as lost
+/// (the connection dropped), so the page is tried again.
+fn lost_answer() -> bool {
+    seam_reached("lost")
+}
+
+fn seam_reached(at: &str) -> bool {
     #[cfg(feature = "test-seams")]
     {
         use std::sync::atomic::{AtomicU64, Ordering};
         static BEGUN: AtomicU64 = AtomicU64::new(0);
         let Ok(wanted) = std::env::var("PLAN_INTAKE_TEST_INBOX_CRASH_AT") else {
-            return;
+            return false;
         };
         let Some((seam, nth)) = wanted.split_once(':') else {
-            return;
+            return false;
         };
         let count = if at == "begun" {
             BEGUN.fetch_add(1, Ordering::SeqCst) + 1
         } else {
             BEGUN.load(Ordering::SeqCst)
         };
-        if seam == at && nth.parse() == Ok(count) {
-            std::process::abort();
-        }
+        seam == at && nth.parse() == Ok(count)
     }
     #[cfg(not(feature = "test-seams"))]
-    let _ = at;
+    {
+        let _ = at;
+        false
+    }
 }
 
+/// The stored position: `None` before the first page (the row the
+/// migration made holds none). No row at all is `NotFound`.
 fn stored_position<C>(conn: &mut C, lock: &str) -> Result<Option<String>, DieselError>
 where
     C: Connection,
@@ -373,8 +402,7 @@ where
         "SELECT position FROM plan_intake_inbox_position{lock}"
     ))
     .get_result::<Stored>(conn)
-    .optional()
-    .map(|stored| stored.map(|s| s.position))
+    .map(|stored| stored.position)
 }
 
 fn judge_stored(
@@ -413,20 +441,14 @@ fn insert_rows_postgres(conn: &mut PgConnection, rows: &[Row]) -> Result<(), Die
     .map(|_| ())
 }
 
-/// The statement that saves the position: the first one inserts the row.
-fn position_statement(stored: bool, backend: Backend) -> &'static str {
-    match (stored, backend) {
-        (true, Backend::Postgres) => {
+/// The statement that saves the position (the row the migration made).
+fn position_statement(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => {
             "UPDATE plan_intake_inbox_position SET position = $1, verified_leaves = $2, checkpoint = $3, updated_at = now()"
         }
-        (false, Backend::Postgres) => {
-            "INSERT INTO plan_intake_inbox_position (position, verified_leaves, checkpoint) VALUES ($1, $2, $3)"
-        }
-        (true, Backend::Sqlite) => {
+        Backend::Sqlite => {
             "UPDATE plan_intake_inbox_position SET position = ?, verified_leaves = ?, checkpoint = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-        }
-        (false, Backend::Sqlite) => {
-            "INSERT INTO plan_intake_inbox_position (singleton, position, verified_leaves, checkpoint) VALUES (1, ?, ?, ?)"
         }
     }
 }
@@ -435,7 +457,6 @@ fn position_statement(stored: bool, backend: Backend) -> &'static str {
 /// --verify the leaves proven and the last checkpoint, for the consumer to
 /// read.
 fn save_position<'a, DB>(
-    stored: bool,
     backend: Backend,
     position: &'a Position,
 ) -> diesel::query_builder::BoxedSqlQuery<'a, DB, diesel::query_builder::SqlQuery>
@@ -445,7 +466,7 @@ where
     Option<i64>: diesel::serialize::ToSql<Nullable<BigInt>, DB>,
     Option<&'a str>: diesel::serialize::ToSql<Nullable<Text>, DB>,
 {
-    sql_query(position_statement(stored, backend))
+    sql_query(position_statement(backend))
         .into_boxed::<DB>()
         .bind::<Text, _>(position.as_str())
         .bind::<Nullable<BigInt>, _>(
@@ -472,14 +493,21 @@ impl Sink for Inbox {
             Ok(kept) => {
                 if matches!(kept, Kept::Now) {
                     seam("committed");
+                    if lost_answer() {
+                        self.conn = None;
+                        return Err(Refusal::Again(
+                            "(test seam) the COMMIT's answer was lost".to_owned(),
+                        ));
+                    }
                 }
                 self.held = Some(position.clone());
                 Ok(())
             }
-            Err(NotKept::Moved(stored)) => Err(Refusal::Stop(FollowError::BadCursor(format!(
-                "the inbox's position moved under this follower (another follower on the same inbox, or a position set by hand): it holds {}; nothing of the page was kept",
-                stored.map_or("none".to_owned(), |s| format!("{:?}", first_line(&s)))
-            )))),
+            Err(NotKept::Moved(stored)) => {
+                // Set by hand to nothing: a start as the options say.
+                self.held = stored.map(Position::from_saved).transpose()?;
+                Err(Refusal::Moved)
+            }
             Err(NotKept::Database(DieselError::DatabaseError(
                 DatabaseErrorKind::UniqueViolation,
                 info,
@@ -499,8 +527,4 @@ impl Sink for Inbox {
     fn keeper(&self) -> String {
         "the inbox's stored position".to_owned()
     }
-}
-
-fn first_line(text: &str) -> &str {
-    text.lines().next().unwrap_or_default()
 }

@@ -88,49 +88,71 @@ pub fn run(args: FollowArgs) -> Result<(), CommandError> {
         from_checkpoint,
         unsigned_prelude,
     } = args;
+    // A cursor file's checkpoint and keys are read first, as before the
+    // service is asked anything; an inbox's position once it is open.
+    let file_saved = cursor_file.as_ref().map(|path| path.exists());
+    let mut from_checkpoint = Some(from_checkpoint);
+    let mut checkpoint_of = |saved: bool, held_by: &str| match from_checkpoint.take().flatten() {
+        // Read only where it is used: beside a saved position it may be
+        // gone (a restart of a unit that once started from it).
+        Some(_) if saved => {
+            tell!("--from-checkpoint is ignored: {held_by}, and the follower goes on from it");
+            Ok(None)
+        }
+        Some(path) => std::fs::read_to_string(&path)
+            .map(Some)
+            .map_err(|e| CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))),
+        None => Ok(None),
+    };
+    let file_checkpoint = match (&cursor_file, file_saved) {
+        (Some(path), Some(saved)) if into.is_none() => {
+            checkpoint_of(saved, &format!("{} holds a cursor", path.display()))?
+        }
+        _ => None,
+    };
+    let pinned = match keys.filter(|_| verify) {
+        Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
+        None => None,
+    };
     let client = connect(&service)?;
     let stop = stop_on_signals()?;
-    let (mut keeper, holder) = match (&into, cursor_file) {
+    let (mut keeper, holder, saved, from_checkpoint) = match (&into, cursor_file) {
         (Some(url), _) => {
-            let Some(inbox) = open_inbox(url, expand, &stop)? else {
+            let Some(mut inbox) = open_inbox(url, expand, &stop)? else {
                 tell!("stopped before the inbox's database answered");
                 return Ok(());
             };
-            (Keeper::Inbox(Box::new(inbox)), PathBuf::new())
+            let saved = client::Sink::saved(&mut inbox)?.is_some();
+            let checkpoint = checkpoint_of(saved, "the inbox holds a position")?;
+            (
+                Keeper::Inbox(Box::new(inbox)),
+                PathBuf::new(),
+                saved,
+                checkpoint,
+            )
         }
-        (None, Some(path)) => (Keeper::CursorFile, path),
+        (None, Some(path)) => (
+            Keeper::CursorFile,
+            path,
+            file_saved.unwrap_or(false),
+            file_checkpoint,
+        ),
         (None, None) => {
             return Err(CommandError::Usage(
                 "give --cursor-file FILE or --into DATABASE_URL".to_owned(),
             ));
         }
     };
-    let saved = match &mut keeper {
-        Keeper::Inbox(inbox) => client::Sink::saved(inbox.as_mut())?.is_some(),
-        Keeper::CursorFile => holder.exists(),
-    };
-    let held_by = match &into {
-        Some(_) => "the inbox holds a position".to_owned(),
-        None => format!("{} holds a cursor", holder.display()),
-    };
-    // Read only where it is used: beside a saved position it may be gone
-    // (a restart of a unit that once started from it).
-    let from_checkpoint = match from_checkpoint {
-        Some(_) if saved => {
-            tell!("--from-checkpoint is ignored: {held_by}, and the follower goes on from it");
-            None
-        }
-        Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
-            CommandError::Usage(format!("--from-checkpoint {}: {e}", path.display()))
-        })?),
-        None => None,
-    };
-    let pinned = match keys.filter(|_| verify) {
-        Some(path) => Some(plan_intake::evidence::trusted_keys(&path)?),
-        None => None,
-    };
     if from_start && saved {
-        tell!("--from-start is ignored: {held_by}, and the follower goes on from it");
+        match &into {
+            Some(_) => tell!(
+                "--from-start is ignored: the inbox holds a position, and the follower goes on from it"
+            ),
+            None => tell!(
+                "--from-start is ignored: {} holds a cursor, and the follower goes on from it (remove the file to start over)",
+                holder.display()
+            ),
+        }
     }
     let options = FollowOptions {
         from_start,

@@ -24,7 +24,8 @@ use crate::support::cluster::TempCluster;
 use crate::support::process::{BIN, ServeProcess, client, keep_plan, login_via_cli, run_cli_at};
 
 /// Where a run aborts itself: each seam of the page's transaction, at
-/// the first and the second transaction that writes.
+/// the first and the second transaction that writes (`lost`, the answer
+/// to a COMMIT that landed, is tried apart: the run goes on).
 const SEAMS: [&str; 4] = ["begun", "rows", "position", "committed"];
 
 /// A signing service on SQLite, its planner writing until told to stop.
@@ -177,10 +178,11 @@ pub(crate) fn inbox(url: &str) -> Vec<(String, String)> {
 
 /// Drains into the inbox until it holds `expected` receipts (a drain ends
 /// at its first empty page, which may come before the feed settled).
-fn drain_into(fed: &Fed, into: &str, expected: usize) {
+fn drain_into(fed: &Fed, into: &str, more: &[&str], expected: usize) {
+    let drain: Vec<&str> = more.iter().copied().chain(["--drain"]).collect();
     for _ in 0..20 {
         let status = ended(
-            fed.follower(into, 100, &["--drain"], &[]),
+            fed.follower(into, 100, &drain, &[]),
             Duration::from_secs(60),
         );
         assert!(
@@ -194,9 +196,9 @@ fn drain_into(fed: &Fed, into: &str, expected: usize) {
 }
 
 /// The inbox equals the feed, and each row verifies offline.
-fn assert_inbox_is_the_feed(fed: &Fed, into: &str, seed: u64) {
+fn assert_inbox_is_the_feed(fed: &Fed, into: &str, more: &[&str], seed: u64) {
     let feed = fed.feed();
-    drain_into(fed, into, feed.len());
+    drain_into(fed, into, more, feed.len());
     let kept = inbox(into);
     let feed_ids: Vec<&str> = feed.iter().map(|(id, _)| id.as_str()).collect();
     let kept_ids: Vec<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
@@ -229,11 +231,70 @@ fn path(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// Runs followers into `into` and ends each: first one aborting at each
-/// seam of its first and second transactions, then `kills` killed at
-/// random instants; `midway` runs once half of them are done, while a
-/// follower is running.
-fn kill_followers(fed: &Fed, into: &str, kills: usize, midway: impl FnOnce()) -> u64 {
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// Rows in the inbox now.
+fn rows_in(url: &str) -> Option<i64> {
+    const COUNT: &str = "SELECT count(*) AS n FROM plan_intake_inbox";
+    let counted: QueryResult<Count> = if url.starts_with("postgres") {
+        PgConnection::establish(url)
+            .ok()
+            .map_or(Err(diesel::result::Error::NotFound), |mut c| {
+                sql_query(COUNT).get_result(&mut c)
+            })
+    } else {
+        SqliteConnection::establish(url)
+            .ok()
+            .map_or(Err(diesel::result::Error::NotFound), |mut c| {
+                sql_query(COUNT).get_result(&mut c)
+            })
+    };
+    counted.ok().map(|c| c.n)
+}
+
+/// Waits until the inbox holds at least `rows` rows (polled: the state a
+/// user sees), at most 60 s; whether it did.
+fn grows_to(url: &str, rows: i64) -> bool {
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        if rows_in(url).is_some_and(|n| n >= rows) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A follower that must still be running: no run ends by itself.
+#[track_caller]
+fn still_running(run: &mut Child, what: &str, seed: u64) {
+    let ended = run.try_wait().expect("look at the follower");
+    assert!(
+        ended.is_none(),
+        "{what}: the follower ended by itself, {ended:?} (seed {seed})"
+    );
+}
+
+/// Runs followers into `into` (`owner`: the same inbox, read as its
+/// owner) and ends each: one aborting at each seam of its first and second
+/// transactions; one whose first and one whose second COMMIT's answer is
+/// lost (it must go on, writing nothing twice); then `kills` killed at
+/// random instants of up to `window_ms`, each still running when killed.
+/// `midway`, once half of them are done, runs under a follower that has
+/// kept a page, which must keep another after it.
+fn kill_followers(
+    fed: &Fed,
+    into: &str,
+    owner: &str,
+    more: &[&str],
+    kills: usize,
+    window_ms: u64,
+    midway: impl FnOnce(),
+) -> u64 {
     let seed: u64 = rand::random();
     eprintln!("inbox kills: seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -244,7 +305,7 @@ fn kill_followers(fed: &Fed, into: &str, kills: usize, midway: impl FnOnce()) ->
             let run = fed.follower(
                 into,
                 limit,
-                &[],
+                more,
                 &[("PLAN_INTAKE_TEST_INBOX_CRASH_AT", &at)],
             );
             let status = ended(run, Duration::from_secs(30));
@@ -254,16 +315,42 @@ fn kill_followers(fed: &Fed, into: &str, kills: usize, midway: impl FnOnce()) ->
             );
         }
     }
+    for nth in 1..=2 {
+        // A page a transaction: past the lost one only if its retry found
+        // the page kept and wrote nothing.
+        let before = rows_in(owner).expect("the inbox");
+        let at = format!("lost:{nth}");
+        let mut run = fed.follower(into, 1, more, &[("PLAN_INTAKE_TEST_INBOX_CRASH_AT", &at)]);
+        assert!(
+            grows_to(owner, before + nth + 1),
+            "past a COMMIT whose answer was lost ({at}, seed {seed})"
+        );
+        still_running(&mut run, &at, seed);
+        run.kill().expect("kill the follower");
+        run.wait().expect("reap the follower");
+    }
     let mut midway = Some(midway);
     for n in 0..kills {
         let limit = rng.random_range(1..=20);
-        let mut run = fed.follower(into, limit, &[], &[]);
+        let mut run = fed.follower(into, limit, more, &[]);
         if n == kills / 2
             && let Some(midway) = midway.take()
         {
+            let before = rows_in(owner).expect("the inbox");
+            assert!(
+                grows_to(owner, before + 1),
+                "a page kept before (seed {seed})"
+            );
             midway();
+            let after = rows_in(owner).unwrap_or(before + 1).max(before + 1);
+            assert!(
+                grows_to(owner, after + 1),
+                "a page kept after, by the same follower (seed {seed})"
+            );
+            still_running(&mut run, "midway", seed);
         }
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..120)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..window_ms)));
+        still_running(&mut run, "before its kill", seed);
         run.kill().expect("kill the follower");
         run.wait().expect("reap the follower");
     }
@@ -280,22 +367,24 @@ fn a_follower_killed_anywhere_keeps_each_receipt_once_in_a_postgres_inbox() {
     let owner = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
     let migrated = run_cli_at("unused.db", &["inbox", "migrate", "--into", &owner]);
     assert!(migrated.status.success(), "inbox migrate: {migrated:?}");
+    // The README's grants, no more.
     cluster.psql(
         "CREATE ROLE orders_inbox LOGIN; \
-         GRANT SELECT, INSERT, UPDATE ON plan_intake_inbox, plan_intake_inbox_position TO orders_inbox",
+         GRANT SELECT, INSERT ON plan_intake_inbox TO orders_inbox; \
+         GRANT SELECT, UPDATE ON plan_intake_inbox_position TO orders_inbox",
     );
     let into = format!(
         "postgres://orders_inbox@127.0.0.1:{}/postgres",
         cluster.port
     );
     let mut fed = Fed::start();
-    let seed = kill_followers(&fed, &into, 100, || {
+    let seed = kill_followers(&fed, &into, &owner, &[], 100, 120, || {
         cluster
             .ctl(&["restart", "-m", "immediate"])
             .expect("restart the consumer's Postgres");
     });
     let written = fed.stop_writing();
-    assert_inbox_is_the_feed(&fed, &owner, seed);
+    assert_inbox_is_the_feed(&fed, &owner, &[], seed);
     assert!(
         inbox(&owner).len() >= written,
         "the planner's {written} plans"
@@ -310,9 +399,33 @@ fn a_follower_killed_anywhere_keeps_each_receipt_once_in_a_sqlite_inbox() {
     let into = path(&into).to_owned();
     let migrated = run_cli_at("unused.db", &["inbox", "migrate", "--into", &into]);
     assert!(migrated.status.success(), "inbox migrate: {migrated:?}");
-    let seed = kill_followers(&fed, &into, 40, || {});
+    // Verifying and expanded: each page waits for its checkpoint, so the
+    // kills come later.
+    let keys = path(&fed.keys).to_owned();
+    let more = ["--verify", "--keys", keys.as_str(), "--expand"];
+    let seed = kill_followers(&fed, &into, &into, &more, 30, 400, || {});
     let written = fed.stop_writing();
-    assert_inbox_is_the_feed(&fed, &into, seed);
+    assert_inbox_is_the_feed(&fed, &into, &more, seed);
+    let mut conn = SqliteConnection::establish(&into).expect("the inbox");
+    let expanded: Count = sql_query(
+        "SELECT count(*) AS n FROM plan_intake_inbox WHERE approved_inputs IS NOT NULL AND content IS NOT NULL",
+    )
+    .get_result(&mut conn)
+    .expect("count");
+    let verified: Count = sql_query(
+        "SELECT verified_leaves AS n FROM plan_intake_inbox_position WHERE checkpoint IS NOT NULL",
+    )
+    .get_result(&mut conn)
+    .expect("the verified position");
+    let kept = inbox(&into).len() as i64;
+    assert_eq!(
+        expanded.n, kept,
+        "every row with the plan's inputs and content"
+    );
+    assert_eq!(
+        verified.n, kept,
+        "the position: every row verified (seed {seed})"
+    );
     assert!(
         inbox(&into).len() >= written,
         "the planner's {written} plans"

@@ -40,9 +40,10 @@ use std::time::Duration;
 use plan_intake_wire::feed::FeedCursor;
 
 use super::follow::{
-    CursorFile, Hand, LagReport, PageVerdict, Position, Proof, Refusal, Start, backoff_of,
-    check_empty, check_options, check_start, feed_query, fresh_proof, handed_again, judge_page,
-    lines_of_proof, logged_beyond, moved_by_empty, proof_of_saved, retry_wait, start_of,
+    CursorFile, Delivery, Hand, LagReport, PageVerdict, Position, Proof, Refusal, Start,
+    backoff_of, check_empty, check_options, check_start, drained_out, feed_query, fresh_proof,
+    handed_again, judge_page, lines_of_proof, logged_beyond, moved, moved_by_empty, proof_of_saved,
+    retry_wait, start_of,
 };
 #[cfg(feature = "verify")]
 use super::follow::{
@@ -546,19 +547,22 @@ where
 /// sink says not now.
 async fn deliver(
     sink: &mut impl AsyncSink,
-    backoff: &super::Backoff,
+    options: &FollowOptions,
     page: &Page,
     position: &Position,
-) -> Result<(), FollowError> {
+) -> Result<Delivery, FollowError> {
+    let backoff = backoff_of(options);
     let mut failures = 0u32;
     loop {
         let why = match sink.take(page, position).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(Delivery::Taken),
             Err(Refusal::Stop(error)) => return Err(error),
+            Err(Refusal::Moved) => return Ok(moved(sink.keeper())),
             Err(Refusal::Again(why)) => why,
         };
         failures += 1;
-        tokio::time::sleep(handed_again(backoff, failures, page.receipts.len(), &why)).await;
+        drained_out(options, failures, &why)?;
+        tokio::time::sleep(handed_again(&backoff, failures, page.receipts.len(), &why)).await;
     }
 }
 
@@ -568,6 +572,59 @@ enum Began {
     Resumed((Option<FeedCursor>, Proof)),
     /// At the feed's end: saved before the first page.
     AtEnd((FeedCursor, Proof)),
+}
+
+/// Where the async loop starts, as the blocking one's
+/// `Run::starting_cursor`: the saved position's cursor (verifying: resumed
+/// from its proof), the feed's first receipt, or its end, saved before the
+/// first page (again from the position saved meanwhile, if it moved).
+async fn start(
+    client: &AsyncClient,
+    options: &FollowOptions,
+    sink: &mut impl AsyncSink,
+    mut saved: Option<Position>,
+    done: &mut Followed,
+) -> Result<(Option<FeedCursor>, Proof), FollowError> {
+    let backoff = backoff_of(options);
+    loop {
+        let began = match start_of(options, saved.as_ref()) {
+            Start::Saved(cursor, rest) => match proof_of_saved(options, &rest, &sink.keeper())? {
+                #[cfg(feature = "verify")]
+                Some(verified) => {
+                    Began::Resumed(client.resume(options, &backoff, &verified).await?)
+                }
+                #[allow(unreachable_patterns)]
+                proof => Began::Resumed((Some(cursor), proof)),
+            },
+            Start::First => Began::Resumed((None, fresh_proof(options))),
+            #[cfg(feature = "verify")]
+            Start::AtEnd if options.verify.is_some() => {
+                Began::AtEnd(client.start_at_checkpoint(options, &backoff).await?)
+            }
+            Start::AtEnd => {
+                let end = client
+                    .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
+                    .await?;
+                Began::AtEnd((end.next, fresh_proof(options)))
+            }
+        };
+        let (cursor, proof) = match began {
+            Began::Resumed(resumed) => return Ok(resumed),
+            Began::AtEnd(at_end) => at_end,
+        };
+        let position = Position::after(&cursor, &lines_of_proof(&proof));
+        let at_end = Page {
+            receipts: Vec::new(),
+            next: cursor.clone(),
+        };
+        match deliver(sink, options, &at_end, &position).await? {
+            Delivery::Moved => saved = sink.saved()?,
+            Delivery::Taken | Delivery::Stopped => {
+                done.cursor_saved = true;
+                return Ok((Some(cursor), proof));
+            }
+        }
+    }
 }
 
 /// The async loop: the blocking one's rules (`follow::follow_into`),
@@ -581,38 +638,7 @@ async fn follow_into(
     check_start(options, saved.is_some())?;
     let backoff = backoff_of(options);
     let mut done = Followed::default();
-    let began = match start_of(options, saved.as_ref()) {
-        Start::Saved(cursor, rest) => match proof_of_saved(options, &rest, &sink.keeper())? {
-            #[cfg(feature = "verify")]
-            Some(verified) => Began::Resumed(client.resume(options, &backoff, &verified).await?),
-            #[allow(unreachable_patterns)]
-            proof => Began::Resumed((Some(cursor), proof)),
-        },
-        Start::First => Began::Resumed((None, fresh_proof(options))),
-        #[cfg(feature = "verify")]
-        Start::AtEnd if options.verify.is_some() => {
-            Began::AtEnd(client.start_at_checkpoint(options, &backoff).await?)
-        }
-        Start::AtEnd => {
-            let end = client
-                .fetch(options, Some(FeedCursor::NOW), Duration::ZERO)
-                .await?;
-            Began::AtEnd((end.next, fresh_proof(options)))
-        }
-    };
-    let (mut cursor, mut proof) = match began {
-        Began::Resumed(resumed) => resumed,
-        Began::AtEnd((cursor, proof)) => {
-            let position = Position::after(&cursor, &lines_of_proof(&proof));
-            let start = Page {
-                receipts: Vec::new(),
-                next: cursor.clone(),
-            };
-            deliver(sink, &backoff, &start, &position).await?;
-            done.cursor_saved = true;
-            (Some(cursor), proof)
-        }
-    };
+    let (mut cursor, mut proof) = start(client, options, sink, saved, &mut done).await?;
     let mut lag = LagReport::new(options);
     // A verifying follower whose cursor the service refuses goes on from
     // what it proved, once in a row.
@@ -659,7 +685,11 @@ async fn follow_into(
             }
             lag.at_end();
             if let Some(position) = moved_by_empty(options, cursor.as_ref(), &page, &proof) {
-                deliver(sink, &backoff, &page, &position).await?;
+                if let Delivery::Moved = deliver(sink, options, &page, &position).await? {
+                    let saved = sink.saved()?;
+                    (cursor, proof) = start(client, options, sink, saved, &mut done).await?;
+                    continue;
+                }
                 done.cursor_saved = true;
                 cursor = Some(page.next);
             }
@@ -670,7 +700,11 @@ async fn follow_into(
         }
         let proven = client.prove(options, &backoff, &proof, &page).await?;
         let position = Position::after(&page.next, &lines_of_proof(&proven));
-        deliver(sink, &backoff, &page, &position).await?;
+        if let Delivery::Moved = deliver(sink, options, &page, &position).await? {
+            let saved = sink.saved()?;
+            (cursor, proof) = start(client, options, sink, saved, &mut done).await?;
+            continue;
+        }
         proof = proven;
         lag.handed_on(&page, logged_beyond(&proof));
         done.handed_on(&page);

@@ -1,7 +1,8 @@
 -- The ordering system's inbox: every receipt of plan-intake's feed exactly
 -- once, in feed order, kept by `plan-intake follow --into` in one
 -- transaction with the follower's position. The tables are the consumer's:
--- the follower needs only SELECT, INSERT, UPDATE on the first two.
+-- the follower needs only SELECT, INSERT on the first and SELECT, UPDATE on
+-- the second.
 CREATE TABLE plan_intake_inbox (
     -- Feed order (one follower writes an inbox, a page at a time).
     inbox_seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -20,14 +21,18 @@ CREATE TABLE plan_intake_inbox (
 CREATE INDEX plan_intake_inbox_unprocessed ON plan_intake_inbox (inbox_seq)
     WHERE processed_at IS NULL;
 
--- One row: where the follower stands after the last page kept.
+-- One row, made here (so that a page's transaction always finds it to
+-- lock): where the follower stands after the last page kept.
 CREATE TABLE plan_intake_inbox_position (
     singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
-    -- Opaque: the feed cursor and, with --verify, the proof so far.
-    position TEXT NOT NULL,
+    -- Opaque: the feed cursor and, with --verify, the proof so far;
+    -- NULL until the first page.
+    position TEXT,
     -- With --verify: the receipts proven to be the signed log's leaves,
     -- and the last checkpoint met (SIZE ROOT ORIGIN).
     verified_leaves BIGINT,
     checkpoint TEXT,
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+INSERT INTO plan_intake_inbox_position (singleton) VALUES (TRUE);

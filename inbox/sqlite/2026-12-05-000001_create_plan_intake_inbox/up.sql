@@ -19,14 +19,18 @@ CREATE TABLE plan_intake_inbox (
 CREATE INDEX plan_intake_inbox_unprocessed ON plan_intake_inbox (inbox_seq)
     WHERE processed_at IS NULL;
 
--- One row: where the follower stands after the last page kept.
+-- One row, made here (so that a page's transaction always finds it to
+-- lock): where the follower stands after the last page kept.
 CREATE TABLE plan_intake_inbox_position (
     singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-    -- Opaque: the feed cursor and, with --verify, the proof so far.
-    position TEXT NOT NULL,
+    -- Opaque: the feed cursor and, with --verify, the proof so far;
+    -- NULL until the first page.
+    position TEXT,
     -- With --verify: the receipts proven to be the signed log's leaves,
     -- and the last checkpoint met (SIZE ROOT ORIGIN).
     verified_leaves INTEGER,
     checkpoint TEXT,
     updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
+
+INSERT INTO plan_intake_inbox_position (singleton) VALUES (1);

@@ -227,7 +227,11 @@ pub fn follow(
 /// comes to `handle` at once as a page with no receipts). An `Err` from
 /// `handle` (nothing committed) hands the same page again after a backoff.
 /// A page may hold no receipts: only the position moved; commit it all the
-/// same. Runs as [`follow`] does; `cursor_file` and `exec` are not used.
+/// same. A database's COMMIT can land with its answer lost: read the
+/// stored position in the page's own transaction, and if it is `position`
+/// already, the page was kept by that try (return `Ok`); if it is neither
+/// that nor the one you committed last, someone else moved it (implement
+/// [`Sink`] to answer [`Refusal::Moved`], as the CLI's inbox does). Runs as [`follow`] does; `cursor_file` and `exec` are not used.
 pub fn follow_from<H, E>(
     client: &Client,
     options: &FollowOptions,
@@ -267,6 +271,23 @@ pub fn follow_into(
     let Some((mut cursor, mut proof)) = run.starting_cursor(saved, sink, &mut done)? else {
         return Ok(done);
     };
+    // Where the page in hand ended; `Moved`: on from the position saved now.
+    macro_rules! delivered {
+        ($delivery:expr) => {
+            match $delivery {
+                Delivery::Taken => {}
+                Delivery::Stopped => return Ok(done),
+                Delivery::Moved => {
+                    let saved = sink.saved()?;
+                    let Some(start) = run.starting_cursor(saved, sink, &mut done)? else {
+                        return Ok(done);
+                    };
+                    (cursor, proof) = start;
+                    continue;
+                }
+            }
+        };
+    }
     let mut lag = LagReport::new(options);
     // A verifying follower whose cursor the service refuses goes on from
     // what it proved, once in a row (`Run::resume`).
@@ -308,9 +329,7 @@ pub fn follow_into(
             }
             lag.at_end();
             if let Some(position) = moved_by_empty(options, cursor.as_ref(), &page, &proof) {
-                if !run.deliver(sink, &page, cursor.as_ref(), &position)? {
-                    return Ok(done);
-                }
+                delivered!(run.deliver(sink, &page, cursor.as_ref(), &position)?);
                 done.cursor_saved = true;
                 cursor = Some(page.next);
             }
@@ -323,9 +342,7 @@ pub fn follow_into(
             return Ok(done);
         };
         let position = Position::after(&page.next, &lines_of_proof(&proven));
-        if !run.deliver(sink, &page, cursor.as_ref(), &position)? {
-            return Ok(done);
-        }
+        delivered!(run.deliver(sink, &page, cursor.as_ref(), &position)?);
         proof = proven;
         lag.handed_on(&page, logged_beyond(&proof));
         done.handed_on(&page);
@@ -488,12 +505,19 @@ pub(crate) fn judge_page(exchange: Exchange, options: &FollowOptions) -> PageVer
                 ))),
             };
         }
+        400 if answer.is_problem(CURSOR_NOT_IN_FEED) && options.cursor_file.as_os_str().is_empty() => FollowError::BadCursor(
+            "the service cannot place the saved position's cursor in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped. Reconcile downstream (an inbox: docs/OPERATIONS.md, \"Back up and restore\"), then start over from no saved position".to_owned(),
+        ),
         400 if answer.is_problem(CURSOR_NOT_IN_FEED) => FollowError::BadCursor(format!(
             "the service cannot place the cursor in {} in its feed: it was saved against another deployment, or the database was restored to an earlier state, or it lies past the feed's end. Receipts after it cannot be placed, so none are skipped. Keep the file (move it aside) and reconcile downstream; then remove it and pass --from-start to read the whole feed again, downstream skipping the receipt ids it has (nothing missed), or remove it alone to start at the feed's current end (skipping every receipt kept since the cursor's)",
             options.cursor_file.display(),
         )),
         // The options were checked before anything was sent: what the
         // service refuses is the cursor.
+        400 if options.cursor_file.as_os_str().is_empty() => FollowError::BadCursor(format!(
+            "the saved position holds no cursor the service reads ({})",
+            answer.summary()
+        )),
         400 => FollowError::BadCursor(format!(
             "cursor file {} holds no cursor the service reads ({}): remove it to start at the feed's current end, or remove it and pass --from-start to read the whole feed",
             options.cursor_file.display(),
@@ -570,16 +594,37 @@ impl Run<'_> {
         sink: &mut dyn Sink,
         done: &mut Followed,
     ) -> Result<Option<(Option<FeedCursor>, Proof)>, FollowError> {
+        let mut saved = saved;
+        loop {
+            let Some(start) = self.start_once(saved, sink, done)? else {
+                return Ok(None);
+            };
+            match start {
+                Ok(started) => return Ok(Some(started)),
+                Err(Moved) => saved = sink.saved()?,
+            }
+        }
+    }
+
+    /// [`Run::starting_cursor`] once: `Err(Moved)` when the start at the
+    /// feed's end found another position saved meanwhile.
+    #[allow(clippy::type_complexity)]
+    fn start_once(
+        &mut self,
+        saved: Option<Position>,
+        sink: &mut dyn Sink,
+        done: &mut Followed,
+    ) -> Result<Option<Result<(Option<FeedCursor>, Proof), Moved>>, FollowError> {
         let (cursor, proof) = match start_of(self.options, saved.as_ref()) {
             Start::Saved(cursor, rest) => {
                 let proof = proof_of_saved(self.options, &rest, &sink.keeper())?;
                 #[cfg(feature = "verify")]
                 if let Some(verified) = &proof {
-                    return self.resume(verified);
+                    return Ok(self.resume(verified)?.map(Ok));
                 }
-                return Ok(Some((Some(cursor), proof)));
+                return Ok(Some(Ok((Some(cursor), proof))));
             }
-            Start::First => return Ok(Some((None, fresh_proof(self.options)))),
+            Start::First => return Ok(Some(Ok((None, fresh_proof(self.options))))),
             #[cfg(feature = "verify")]
             Start::AtEnd if self.options.verify.is_some() => {
                 let Some(keys) = self.options.verify.clone() else {
@@ -602,11 +647,14 @@ impl Run<'_> {
             receipts: Vec::new(),
             next: cursor.clone(),
         };
-        if !self.deliver(sink, &start, None, &position)? {
-            return Ok(None);
+        match self.deliver(sink, &start, None, &position)? {
+            Delivery::Taken => {
+                done.cursor_saved = true;
+                Ok(Some(Ok((Some(cursor), proof))))
+            }
+            Delivery::Stopped => Ok(None),
+            Delivery::Moved => Ok(Some(Err(Moved))),
         }
-        done.cursor_saved = true;
-        Ok(Some((Some(cursor), proof)))
     }
 
     /// Verifying: 76 if the service's newest checkpoint proves the log
@@ -898,29 +946,52 @@ impl Run<'_> {
     }
 
     /// Hands `page` to `sink` with `position`, again after a backoff while
-    /// the sink says not now. `false`: asked to stop before it took it (the
-    /// page was not kept and comes again on the next run).
+    /// the sink says not now.
     fn deliver(
         &self,
         sink: &mut dyn Sink,
         page: &Page,
         after: Option<&FeedCursor>,
         position: &Position,
-    ) -> Result<bool, FollowError> {
+    ) -> Result<Delivery, FollowError> {
         let mut failures = 0u32;
         loop {
             let why = match sink.take(page, after, position) {
-                Ok(()) => return Ok(true),
+                Ok(()) => return Ok(Delivery::Taken),
                 Err(Refusal::Stop(error)) => return Err(error),
+                Err(Refusal::Moved) => return Ok(moved(sink.keeper())),
                 Err(Refusal::Again(why)) => why,
             };
             failures += 1;
+            drained_out(self.options, failures, &why)?;
             let delay = handed_again(&self.backoff, failures, page.receipts.len(), &why);
             if pause_unless_stopped(self.stop, delay) {
-                return Ok(false);
+                return Ok(Delivery::Stopped);
             }
         }
     }
+}
+
+/// How handing a page on ended, both APIs'.
+pub(crate) enum Delivery {
+    /// Kept with its position.
+    Taken,
+    /// Asked to stop before the sink took it (the page was not kept and
+    /// comes again on the next run).
+    Stopped,
+    /// The sink's saved position moved: go on from it.
+    Moved,
+}
+
+/// A start at the feed's end that found another position saved meanwhile.
+pub(crate) struct Moved;
+
+/// A sink's position moved under the follower: told, and gone on from.
+pub(crate) fn moved(keeper: String) -> Delivery {
+    tracing::warn!(
+        "{keeper} moved under this follower (its previous run's last COMMIT landing late, or another follower on the same store): nothing of the page was kept; going on from the position saved there"
+    );
+    Delivery::Moved
 }
 
 /// Whether `options` ask for the verified feed.

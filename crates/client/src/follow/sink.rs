@@ -96,6 +96,11 @@ pub enum Refusal {
     Again(String),
     /// Never: the follower stops with this error.
     Stop(FollowError),
+    /// The saved position is no longer the one this follower saved last
+    /// (its previous run's last COMMIT landing late, or another follower
+    /// on the same store): nothing of the page was kept, and the follower
+    /// goes on from the position now saved ([`Sink::saved`]), told at WARN.
+    Moved,
 }
 
 impl From<FollowError> for Refusal {
