@@ -215,6 +215,12 @@ pub fn check(
                 if missing + not_in_feed == 0 { ", out of order" } else { "" }
             ));
         }
+        if reader.exactly_once && repeated > 0 {
+            violations.push(format!(
+                "reader {} kept {repeated} receipt(s) twice in its inbox, exactly once promised ({kills} kills)",
+                reader.name
+            ));
+        }
         // A kill repeats at most the page in hand, right after it.
         let marks = reader
             .kill_marks

@@ -3,8 +3,10 @@
 //! group: a reader's `--exec` command dies with it, as on a crashed host).
 //! One hands each page to a slow command (`--exec`, a consumer writing to
 //! its own database takes a while); one verifies every page against the
-//! signed log (`--verify`) and writes to a file. At the end each is
-//! stopped with SIGTERM, which must end it 0, and drained.
+//! signed log (`--verify`) and writes to a file; one keeps every receipt
+//! exactly once in an inbox (`--into`, a SQLite file: the page and the
+//! position in one transaction), where no kill may repeat one. At the end
+//! each is stopped with SIGTERM, which must end it 0, and drained.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,8 +16,12 @@ use std::time::{Duration, Instant};
 /// One reader: how it runs, and its process while it runs.
 pub struct Reader {
     pub name: &'static str,
-    /// Where every receipt it handed on ends up, one JSON line each.
+    /// Where every receipt it handed on ends up, one JSON line each (the
+    /// inbox: its SQLite file).
     pub out: PathBuf,
+    /// `--into`: it keeps each receipt exactly once in `out`, an inbox,
+    /// so not even a kill may repeat one.
+    pub exactly_once: bool,
     cursor: PathBuf,
     args: Vec<String>,
     instance: usize,
@@ -55,6 +61,10 @@ impl Reader {
                     keys.display().to_string(),
                 ],
             ),
+            Reader {
+                exactly_once: true,
+                ..Reader::new(dir, "inbox", dir.join("orders-inbox.db"), 0, Vec::new())
+            },
         ]
     }
 
@@ -68,6 +78,7 @@ impl Reader {
         Reader {
             name,
             out,
+            exactly_once: false,
             cursor: dir.join(format!("orders-{name}.cursor")),
             args,
             instance,
@@ -80,9 +91,13 @@ impl Reader {
 
     fn command(&self, bin: &Path, url: &str, token: &str, env: &[(String, String)]) -> Command {
         let mut command = Command::new(bin);
+        command.arg("follow");
+        if self.exactly_once {
+            command.arg("--into").arg(&self.out);
+        } else {
+            command.arg("--cursor-file").arg(&self.cursor);
+        }
         command
-            .args(["follow", "--cursor-file"])
-            .arg(&self.cursor)
             .args(["--from-start", "--wait-secs", "1"])
             .args(&self.args)
             .env("PLAN_INTAKE_URL", url)
@@ -97,7 +112,7 @@ impl Reader {
             Ok(log) => command.stderr(log),
             Err(_) => command.stderr(Stdio::null()),
         };
-        if self.args.iter().any(|a| a == "--exec") {
+        if self.exactly_once || self.args.iter().any(|a| a == "--exec") {
             command.stdout(Stdio::null());
         } else {
             match std::fs::OpenOptions::new()
@@ -122,6 +137,21 @@ impl Reader {
     ) -> Result<(), String> {
         use std::os::unix::process::CommandExt as _;
         self.mend_torn_line();
+        // The inbox's tables, made once by its owner before its first run.
+        if self.exactly_once && !self.out.exists() {
+            let made = Command::new(bin)
+                .args(["inbox", "migrate", "--into"])
+                .arg(&self.out)
+                .output()
+                .map_err(|e| format!("reader {}: inbox migrate: {e}", self.name))?;
+            if !made.status.success() {
+                return Err(format!(
+                    "reader {}: inbox migrate: {}",
+                    self.name,
+                    String::from_utf8_lossy(&made.stderr).trim()
+                ));
+            }
+        }
         let mut command = self.command(bin, &urls[self.instance % urls.len()], token, env);
         command.process_group(0);
         // SAFETY: only prctl(2), async-signal-safe, between fork and exec:
@@ -145,6 +175,9 @@ impl Reader {
     /// starts on a line of its own.
     fn mend_torn_line(&self) {
         use std::io::Write as _;
+        if self.exactly_once {
+            return;
+        }
         let text = std::fs::read(&self.out).unwrap_or_default();
         if text.last().is_some_and(|b| *b != b'\n')
             && let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&self.out)
@@ -349,6 +382,9 @@ impl Reader {
     /// The receipt ids it handed on, in order, repeats included; and how
     /// many lines were torn (a page cut short by a kill, to come again).
     pub fn handed_on(&self) -> (Vec<String>, usize) {
+        if self.exactly_once {
+            return (inbox_rows(&self.out), 0);
+        }
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         let mut ids = Vec::new();
         let mut torn = 0;
@@ -386,6 +422,28 @@ impl Reader {
             let _ = child.wait();
         }
     }
+}
+
+/// The receipt ids an inbox holds, in its order (`inbox_seq`: the order the
+/// follower kept them in), read as the ordering system reads them.
+fn inbox_rows(inbox: &Path) -> Vec<String> {
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        receipt_id: String,
+    }
+    if !inbox.exists() {
+        return Vec::new();
+    }
+    let Ok(mut conn) = diesel::SqliteConnection::establish(&inbox.display().to_string()) else {
+        return Vec::new();
+    };
+    let _ = diesel::sql_query("PRAGMA busy_timeout = 5000").execute(&mut conn);
+    diesel::sql_query("SELECT receipt_id FROM plan_intake_inbox ORDER BY inbox_seq")
+        .load::<Row>(&mut conn)
+        .map(|rows| rows.into_iter().map(|r| r.receipt_id).collect())
+        .unwrap_or_default()
 }
 
 /// The children of process `pid` (of each of its threads), from /proc.
