@@ -82,6 +82,8 @@ pub enum InboxError {
     Connect(#[source] diesel::ConnectionError),
     #[error("the inbox's database: {0}")]
     Database(#[source] DieselError),
+    #[error("the inbox's stored position: {0}")]
+    BadPosition(String),
     #[error(
         "the inbox's position cannot be read ({0}): are the inbox's tables in this database (`plan-intake inbox migrate --into URL`, or what `plan-intake inbox sql` prints, run by a DBA), and may this role read and write them (README: the inbox's GRANTs)?"
     )]
@@ -96,14 +98,7 @@ enum Conn {
 fn connect(target: &DatabaseTarget) -> Result<Conn, InboxError> {
     match target {
         DatabaseTarget::Postgres(url) => {
-            let mut conn = PgConnection::establish(url).map_err(InboxError::Connect)?;
-            // A page's transaction is short: one left open by a follower
-            // that vanished (a half-open connection) is ended by the
-            // server, and a wait on its lock gives up and is tried again.
-            conn.batch_execute(
-                "SET idle_in_transaction_session_timeout = '60s'; SET lock_timeout = '30s'",
-            )
-            .map_err(InboxError::Database)?;
+            let conn = PgConnection::establish(url).map_err(InboxError::Connect)?;
             Ok(Conn::Postgres(conn))
         }
         DatabaseTarget::Sqlite(path) => {
@@ -285,6 +280,12 @@ impl Inbox {
             Conn::Sqlite(c) => stored_position(c, ""),
         }
         .map_err(|e| match e {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+                info,
+            ) => InboxError::Connect(diesel::ConnectionError::BadConnection(
+                info.message().to_owned(),
+            )),
             DieselError::DatabaseError(_, info) => InboxError::NoTables(info.message().to_owned()),
             DieselError::NotFound => InboxError::NoTables(
                 "plan_intake_inbox_position has no row; `inbox migrate` makes it".to_owned(),
@@ -294,7 +295,21 @@ impl Inbox {
         let held = stored
             .map(Position::from_saved)
             .transpose()
-            .map_err(|e| InboxError::Url(format!("the inbox's stored position: {e}")))?;
+            .map_err(|e| InboxError::BadPosition(e.to_string()))?;
+        // No position beside kept receipts (set to NULL, restored from a
+        // backup): a start as the options say could skip or repeat them.
+        if held.is_none() {
+            let kept = match &mut conn {
+                Conn::Postgres(c) => count_rows(c),
+                Conn::Sqlite(c) => count_rows(c),
+            }
+            .map_err(InboxError::Database)?;
+            if kept > 0 {
+                return Err(InboxError::BadPosition(format!(
+                    "it holds no position but {kept} receipt(s): reconcile them with the feed and empty the inbox, or set the position they stand at, before following into it"
+                )));
+            }
+        }
         Ok(Self {
             target,
             conn: Some(conn),
@@ -313,6 +328,13 @@ impl Inbox {
         let held = self.held.as_ref().map(Position::as_str);
         match conn {
             Conn::Postgres(c) => c.transaction(|c| {
+                // A page's transaction is short: one left open by a
+                // follower that vanished (a half-open connection) is ended
+                // by the server, and a wait on its lock gives up and is
+                // tried again. Per transaction, so a pooler keeps them.
+                c.batch_execute(
+                    "SET LOCAL idle_in_transaction_session_timeout = '60s'; SET LOCAL lock_timeout = '30s'",
+                )?;
                 let stored = stored_position(c, " FOR UPDATE")?;
                 let kept = judge_stored(stored, held, position)?;
                 if matches!(kept, Kept::Now) {
@@ -403,6 +425,22 @@ where
     ))
     .get_result::<Stored>(conn)
     .map(|stored| stored.position)
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+fn count_rows<C>(conn: &mut C) -> Result<i64, DieselError>
+where
+    C: Connection,
+    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, C, Count>,
+{
+    sql_query("SELECT count(*) AS n FROM plan_intake_inbox")
+        .get_result::<Count>(conn)
+        .map(|c| c.n)
 }
 
 fn judge_stored(
@@ -503,11 +541,18 @@ impl Sink for Inbox {
                 self.held = Some(position.clone());
                 Ok(())
             }
-            Err(NotKept::Moved(stored)) => {
-                // Set by hand to nothing: a start as the options say.
-                self.held = stored.map(Position::from_saved).transpose()?;
+            Err(NotKept::Moved(Some(stored))) => {
+                self.held = Some(Position::from_saved(stored).map_err(|e| {
+                    FollowError::BadCursor(format!("the inbox's stored position: {e}"))
+                })?);
                 Err(Refusal::Moved)
             }
+            // Emptied under a follower that had kept pages (set to NULL, or
+            // the database restored from before its first page): going on
+            // from the options' start could skip receipts. Not guessed.
+            Err(NotKept::Moved(None)) => Err(Refusal::Stop(FollowError::BadCursor(
+                "the inbox's stored position was emptied under this follower (set to NULL, or the inbox's database restored from before it kept anything): nothing of the page was kept; reconcile the inbox with the feed, then start the follower again".to_owned(),
+            ))),
             Err(NotKept::Database(DieselError::DatabaseError(
                 DatabaseErrorKind::UniqueViolation,
                 info,

@@ -47,5 +47,10 @@ pub fn run(action: InboxAction) -> Result<(), CommandError> {
 /// An inbox that cannot be opened or migrated: the follower's own error
 /// (exit 74), its message whole.
 pub fn inbox_error(error: InboxError) -> CommandError {
-    CommandError::Follow(plan_intake_client::FollowError::Sink(error.to_string()))
+    use plan_intake_client::FollowError;
+    CommandError::Follow(match error {
+        // As a cursor file that holds no cursor: 65.
+        InboxError::BadPosition(_) => FollowError::BadCursor(error.to_string()),
+        _ => FollowError::Sink(error.to_string()),
+    })
 }

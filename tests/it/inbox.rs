@@ -91,7 +91,15 @@ impl Fed {
 
     /// `follow --into URL --from-start` in pages of `limit`.
     fn follower(&self, into: &str, limit: u32, more: &[&str], env: &[(&str, &str)]) -> Child {
-        Command::new(BIN)
+        self.command(into, limit, more, env)
+            .spawn()
+            .expect("start a follower")
+    }
+
+    /// The follower's command, its output discarded.
+    fn command(&self, into: &str, limit: u32, more: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(BIN);
+        command
             .args(["follow", "--into", into, "--from-start", "--wait-secs", "1"])
             .args(["--limit", &limit.to_string()])
             .args(more)
@@ -100,9 +108,8 @@ impl Fed {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a follower")
+            .stderr(Stdio::null());
+        command
     }
 
     /// The whole feed, each entry byte for byte: (receipt id, receipt).
@@ -320,7 +327,12 @@ fn kill_followers(
         // the page kept and wrote nothing.
         let before = rows_in(owner).expect("the inbox");
         let at = format!("lost:{nth}");
-        let mut run = fed.follower(into, 1, more, &[("PLAN_INTAKE_TEST_INBOX_CRASH_AT", &at)]);
+        let said = fed.dir.path().join(format!("lost-{nth}.log"));
+        let mut run = fed
+            .command(into, 1, more, &[("PLAN_INTAKE_TEST_INBOX_CRASH_AT", &at)])
+            .stderr(std::fs::File::create(&said).expect("the follower's log"))
+            .spawn()
+            .expect("start a follower");
         assert!(
             grows_to(owner, before + nth + 1),
             "past a COMMIT whose answer was lost ({at}, seed {seed})"
@@ -328,6 +340,11 @@ fn kill_followers(
         still_running(&mut run, &at, seed);
         run.kill().expect("kill the follower");
         run.wait().expect("reap the follower");
+        let said = std::fs::read_to_string(&said).unwrap_or_default();
+        assert!(
+            said.contains("(test seam) the COMMIT's answer was lost"),
+            "the answer was lost ({at}): {said}"
+        );
     }
     let mut midway = Some(midway);
     for n in 0..kills {
@@ -426,6 +443,17 @@ fn a_follower_killed_anywhere_keeps_each_receipt_once_in_a_sqlite_inbox() {
         verified.n, kept,
         "the position: every row verified (seed {seed})"
     );
+    // Its position emptied beside the rows it kept: no guess where to go on.
+    sql_query("UPDATE plan_intake_inbox_position SET position = NULL")
+        .execute(&mut conn)
+        .expect("empty the position");
+    let refused = fed
+        .command(&into, 10, &more, &[])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the follower");
+    assert_eq!(refused.status.code(), Some(65), "{refused:?}");
+    assert_eq!(inbox(&into).len() as i64, kept, "nothing written");
     assert!(
         inbox(&into).len() >= written,
         "the planner's {written} plans"

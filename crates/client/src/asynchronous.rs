@@ -461,7 +461,10 @@ where
 /// [`crate::follow_from`]: each page goes to `handle` with the
 /// [`Position`] after it, to be committed together; `saved` is the
 /// position committed last. A page may hold no receipts (only the
-/// position moved): commit it all the same. Runs until dropped or, with
+/// position moved): commit it all the same. A database's COMMIT can land
+/// with its answer lost: read the stored position in the page's own
+/// transaction, and if it is `position` already, that try kept the page
+/// (return `Ok`). Runs until dropped or, with
 /// `drain`, to the first empty page.
 pub async fn follow_from<H, F, E>(
     client: &AsyncClient,

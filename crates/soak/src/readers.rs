@@ -440,10 +440,18 @@ fn inbox_rows(inbox: &Path) -> Vec<String> {
         return Vec::new();
     };
     let _ = diesel::sql_query("PRAGMA busy_timeout = 5000").execute(&mut conn);
-    diesel::sql_query("SELECT receipt_id FROM plan_intake_inbox ORDER BY inbox_seq")
-        .load::<Row>(&mut conn)
-        .map(|rows| rows.into_iter().map(|r| r.receipt_id).collect())
-        .unwrap_or_default()
+    // A read the follower's write kept waiting past the busy timeout is
+    // tried again: an empty answer would read as receipts missing.
+    for _ in 0..5 {
+        if let Ok(rows) =
+            diesel::sql_query("SELECT receipt_id FROM plan_intake_inbox ORDER BY inbox_seq")
+                .load::<Row>(&mut conn)
+        {
+            return rows.into_iter().map(|r| r.receipt_id).collect();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Vec::new()
 }
 
 /// The children of process `pid` (of each of its threads), from /proc.
