@@ -11,10 +11,14 @@
 //! load adds no latency; a batch forms only from what queued meanwhile.
 //!
 //! Why this keeps the guarantee:
-//! - each plan is `plan_intake_write` exactly as alone (login check, key
-//!   read, both rows or neither, conflict resolution with fresh reads), so
-//!   the unique indexes still decide every race, and the order of
-//!   resolution and binding a key by its first answer are unchanged;
+//! - a batch's new plans are written set-based (`plan_intake_write_batch`:
+//!   one INSERT for their plans, one for their key rows, `ON CONFLICT DO
+//!   NOTHING`, undone together if a key row met a conflict, `plans` locked
+//!   before either); every other plan is `plan_intake_write` exactly as
+//!   alone (login check, key read, both rows or neither, conflict
+//!   resolution with fresh reads), after them in the batch's order, so the
+//!   unique indexes still decide every race, and binding a key by its first
+//!   answer is unchanged;
 //! - plans are written in the order of their conflict keys (maker, run,
 //!   content hash, key), so two batches that share plans take their index
 //!   locks in the same order; later plans see earlier ones of the same

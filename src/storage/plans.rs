@@ -296,16 +296,18 @@ struct BatchRow {
     row: WriteRow,
 }
 
-/// Postgres group commit: `plan_intake_write` once per plan, in the order
-/// given, inside one statement that commits itself, so the batch costs one
-/// round trip and one commit. Each call runs as it does alone (its own
-/// login check, key read, both-or-neither insert, conflict resolution with
-/// fresh reads, `lock_timeout`), and later plans see earlier ones, so
+/// Postgres group commit: `plan_intake_write_batch` (migration 000019) in
+/// one statement that commits itself, so the batch costs one round trip and
+/// one commit. Its new plans are written set-based (one INSERT for the
+/// plans, one for their key rows, each `ON CONFLICT DO NOTHING`, both rolled
+/// back together if a key row met a conflict); what did not land that way
+/// (refused, key held, a conflict, a repeat inside the batch) goes through
+/// `plan_intake_write` one by one, in the order given, after it, so
 /// duplicates inside the batch settle as if sent one after the other. An
-/// error no call resolves itself fails the whole statement (nothing lands);
-/// the caller decides what then. Each call's PL/pgSQL blocks keep at most
-/// two subtransaction ids, so a batch stays under the 64 a backend caches
-/// while it has at most 31 plans (`MAX_PG_BATCH`).
+/// error none of it resolves fails the whole statement (nothing lands); the
+/// caller decides what then. The set-based part keeps two subtransaction
+/// ids and each call after it at most two, so a batch stays under the 64 a
+/// backend caches while it has at most 31 plans (`MAX_PG_BATCH`).
 pub(super) fn write_postgres_batch(
     pg: &mut diesel::PgConnection,
     batch: &[BatchEntry<'_>],
@@ -319,21 +321,13 @@ pub(super) fn write_postgres_batch(
     }
     let texts = |field| column(batch, field);
     let rows = diesel::sql_query(
-        "SELECT b.ord, w.outcome, w.key_request_hash, w.id, w.receipt_id, w.maker, w.run_id,
+        "SELECT w.ord, w.outcome, w.key_request_hash, w.id, w.receipt_id, w.maker, w.run_id,
                 w.content_hash, w.request_hash, w.approved_inputs, w.permissions, w.received_at,
                 w.receipt_signature
-           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::text[], $8::text[], $9::timestamp[], $10::text[], $11::int[],
-                       $12::text[], $13::text[])
-                WITH ORDINALITY
-                AS b(receipt_id, maker, run_id, content_hash, request_hash, content,
-                     approved_inputs, permissions, received_at, idempotency_key,
-                     lock_timeout_ms, token_hash, receipt_signature, ord)
-          CROSS JOIN LATERAL plan_intake_write(b.receipt_id, b.maker, b.run_id, b.content_hash,
-                     b.request_hash, b.content, b.approved_inputs, b.permissions, b.received_at,
-                     b.idempotency_key, b.lock_timeout_ms, b.token_hash,
-                     b.receipt_signature) AS w
-          ORDER BY b.ord",
+           FROM plan_intake_write_batch($1::text[], $2::text[], $3::text[], $4::text[],
+                       $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamp[],
+                       $10::text[], $11::int[], $12::text[], $13::text[]) AS w
+          ORDER BY w.ord",
     )
     .bind::<Array<Text>, _>(texts(|e| &e.plan.receipt_id))
     .bind::<Array<Text>, _>(texts(|e| &e.plan.maker))

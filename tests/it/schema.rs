@@ -282,7 +282,7 @@ fn diesel_type(backend: Backend, sql_type: &str) -> String {
 
 /// Every migration ever added, in the order it was added. Append only: a
 /// new migration is added here last and must also sort last.
-pub const MIGRATION_HISTORY: [&str; 18] = [
+pub const MIGRATION_HISTORY: [&str; 19] = [
     "2026-11-30-000001_create_logins",
     "2026-11-30-000002_create_plans",
     "2026-11-30-000003_create_intake_keys",
@@ -301,6 +301,7 @@ pub const MIGRATION_HISTORY: [&str; 18] = [
     "2026-12-03-000016_plan_intake_write_holds_the_horizon",
     "2026-12-04-000017_feed_horizon_counts_writers_newer_than_its_snapshot",
     "2026-12-04-000018_feed_base_past_every_writer",
+    "2026-12-05-000019_plan_intake_write_batch_set_based",
 ];
 pub const LAST_MIGRATION: &str = MIGRATION_HISTORY[MIGRATION_HISTORY.len() - 1];
 

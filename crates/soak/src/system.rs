@@ -154,15 +154,16 @@ impl System {
             .iter()
             .any(|(k, _)| k == "PLAN_INTAKE_TEST_DEFECT_NO_HORIZON_LOCK")
         {
-            // A known defect for the checker to find: the write function
-            // as before migration 000016, taking no lock on `plans` of its
-            // own (its feed's horizon not held while a batch's key row
-            // waits).
+            // A known defect for the checker to find: the write as before
+            // migration 000016, taking no lock on `plans` of its own (its
+            // feed's horizon not held while a batch's key row waits), and
+            // every plan of a batch written by it, as before 000019.
             psql(
                 &system.database_url,
                 "DO $$ BEGIN EXECUTE replace(pg_get_functiondef('plan_intake_write'::regproc), \
                  'LOCK TABLE plans IN ROW EXCLUSIVE MODE;', ''); END $$",
             )?;
+            psql(&system.database_url, ONE_BY_ONE_BATCH)?;
         }
         for p in 0..planners {
             let token = system.cli(&[
@@ -752,3 +753,28 @@ fn ready(port: u16, token: &str) -> bool {
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
+
+/// `plan_intake_write_batch` as before migration 000019: every plan
+/// through `plan_intake_write`, one after the other (the horizon defect's
+/// batch).
+const ONE_BY_ONE_BATCH: &str = "CREATE OR REPLACE FUNCTION plan_intake_write_batch(
+    p_receipt_id TEXT[], p_maker TEXT[], p_run_id TEXT[], p_content_hash TEXT[],
+    p_request_hash TEXT[], p_content TEXT[], p_approved_inputs TEXT[], p_permissions TEXT[],
+    p_received_at TIMESTAMP[], p_idempotency_key TEXT[], p_lock_timeout_ms INTEGER[],
+    p_token_hash TEXT[], p_receipt_signature TEXT[])
+RETURNS TABLE (ord BIGINT, outcome TEXT, key_request_hash TEXT, id BIGINT, receipt_id TEXT,
+    maker TEXT, run_id TEXT, content_hash TEXT, request_hash TEXT, approved_inputs TEXT,
+    permissions TEXT, received_at TIMESTAMP, receipt_signature TEXT)
+LANGUAGE sql AS $$
+SELECT b.ord, w.*
+  FROM unnest(p_receipt_id, p_maker, p_run_id, p_content_hash, p_request_hash, p_content,
+              p_approved_inputs, p_permissions, p_received_at, p_idempotency_key,
+              p_lock_timeout_ms, p_token_hash, p_receipt_signature)
+       WITH ORDINALITY AS b(receipt_id, maker, run_id, content_hash, request_hash, content,
+                            approved_inputs, permissions, received_at, idempotency_key,
+                            lock_timeout_ms, token_hash, receipt_signature, ord)
+ CROSS JOIN LATERAL plan_intake_write(b.receipt_id, b.maker, b.run_id, b.content_hash,
+       b.request_hash, b.content, b.approved_inputs, b.permissions, b.received_at,
+       b.idempotency_key, b.lock_timeout_ms, b.token_hash, b.receipt_signature) AS w
+ ORDER BY b.ord
+$$";

@@ -1,0 +1,2 @@
+-- Postgres only.
+SELECT 1;

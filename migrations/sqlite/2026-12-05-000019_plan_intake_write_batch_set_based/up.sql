@@ -1,0 +1,2 @@
+-- Postgres only: a batch's new plans written set-based (SQLite writes through its group commit).
+SELECT 1;
