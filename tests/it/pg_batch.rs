@@ -360,3 +360,69 @@ async fn sixteen_keys_for_one_plan_in_one_batch() {
     }
     app.assert_rows(1, 16);
 }
+
+/// A key row of the batch's set-based write meets a conflict: another
+/// session holds planner-a's `held` key (uncommitted), the batch's INSERT
+/// waits on it, and the session commits. Both of the set-based INSERTs are
+/// undone (no plan may stay without its key) and every plan goes one by
+/// one: the four new plans are created, each with its key, and the fifth,
+/// other content under the held key, is refused as a reused key. Nothing
+/// else lands.
+#[actix_web::test]
+async fn a_key_row_met_by_a_conflict_sends_its_batch_one_by_one() {
+    let Some(db) = TestDb::postgres() else { return };
+    let app = TestApp::new(db);
+    let planner = app.login("planner-a", PLANNER);
+    let service = app.service().await;
+    let mut session = crate::support::hold_plan_and_key(
+        &app.db_ref().url,
+        "",
+        "rcpt_held_by_another_session",
+        "run-held",
+        "held",
+    );
+    let before = batch_of(&app);
+    let mut requests: Vec<(String, String)> = (0..4)
+        .map(|i| (format!("k{i}"), plan_body(&format!("run-{i}"), "a")))
+        .collect();
+    requests.push(("held".to_owned(), plan_body("run-other", "a")));
+    app.intake.database().gather_next_batch(requests.len());
+    let sent = join_all(
+        requests
+            .iter()
+            .map(|(key, body)| send(&service, post_plan(&planner, key, body))),
+    );
+    let commit = async {
+        wait_until("the batch waits for the held key", || {
+            crate::support::scalar(
+                &mut app.conn(),
+                "SELECT count(*) AS n FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%plan_intake_write_batch%'",
+            ) > 0
+        })
+        .await;
+        use diesel::connection::SimpleConnection;
+        session
+            .batch_execute("COMMIT")
+            .expect("the session commits");
+    };
+    let (answers, ()) = futures_util::join!(sent, commit);
+    let after = batch_of(&app);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 5.0),
+        "one batch of five"
+    );
+    for answer in &answers[..4] {
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{:?}",
+            statuses(&answers)
+        );
+    }
+    answers[4].assert_key_reused();
+    // The session's plan and key, and the four with theirs: no plan
+    // without its key.
+    app.assert_rows(5, 5);
+}

@@ -114,8 +114,10 @@ BEGIN
             -- not in the one below (whose rollback would release it).
             LOCK TABLE plans IN ROW EXCLUSIVE MODE;
             BEGIN
-                -- The first of each key and of each plan in the batch; a
-                -- repeat goes one by one after it, as if sent later.
+                -- The first of each key, of each plan and of each receipt
+                -- id in the batch (so each new plan meets its own key row
+                -- alone); a repeat goes one by one after it, as if sent
+                -- later.
                 WITH b AS (
                     SELECT * FROM unnest(p_receipt_id, p_maker, p_run_id, p_content_hash,
                                          p_request_hash, p_content, p_approved_inputs,
@@ -130,9 +132,12 @@ BEGIN
                     SELECT b.* FROM b
                      WHERE NOT EXISTS (
                            SELECT 1 FROM b e
-                            WHERE e.ord < b.ord AND e.maker = b.maker
-                              AND (e.idempotency_key = b.idempotency_key
-                                   OR (e.run_id = b.run_id AND e.content_hash = b.content_hash)))
+                            WHERE e.ord < b.ord
+                              AND (e.receipt_id = b.receipt_id
+                                   OR (e.maker = b.maker
+                                       AND (e.idempotency_key = b.idempotency_key
+                                            OR (e.run_id = b.run_id
+                                                AND e.content_hash = b.content_hash)))))
                 ), new_plans AS (
                     INSERT INTO plans (receipt_id, maker, run_id, content_hash, request_hash,
                                        content, approved_inputs, permissions, received_at,
@@ -154,7 +159,7 @@ BEGIN
                 SELECT (SELECT count(*) FROM new_plans), count(*), coalesce(array_agg(k.plan_id), '{}')
                   INTO inserted, with_keys, keyed
                   FROM new_keys k;
-                IF with_keys < inserted THEN
+                IF with_keys <> inserted THEN
                     -- A key row met a conflict: undo both INSERTs, so no
                     -- plan stays without its key; they go one by one.
                     RAISE EXCEPTION 'a key row met a conflict' USING ERRCODE = 'PIK01';
