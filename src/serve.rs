@@ -445,6 +445,8 @@ fn keep_receipt_log_appended(
         let mut lag_measured: Option<std::time::Instant> = None;
         loop {
             let round_began = std::time::Instant::now();
+            // Made before the round: the barrier then proves its COMMIT.
+            let round_deadline = Deadline::after(Duration::from_secs(10));
             let behind = match intake.append_receipts(&origin, limit, signed, keep.as_deref()) {
                 Ok(appended) => {
                     tracing::debug!(
@@ -460,7 +462,21 @@ fn keep_receipt_log_appended(
                     match appended {
                         Some(appended) => {
                             if let Some((size, root)) = appended.checkpoint {
-                                signed = Some((size, root));
+                                // Held against the next rounds only once the
+                                // standby has it: a round whose COMMIT stopped
+                                // waiting for the standby (cancelled, a
+                                // failover) may be lost, and holding its
+                                // checkpoint would leave the log stuck where
+                                // no reader was shown it (they are shown
+                                // only past the barrier too).
+                                match intake.await_replicated(&round_deadline) {
+                                    Ok(()) => signed = Some((size, root)),
+                                    Err(error) => tracing::warn!(
+                                        size,
+                                        %error,
+                                        "a receipt log round's checkpoint is not known to be on the standby; the next round is held to the one before"
+                                    ),
+                                }
                                 intake.metrics.set_receipt_log_size(size);
                                 intake.log_rounds().signed(size);
                             }

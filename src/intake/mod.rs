@@ -408,6 +408,16 @@ impl Intake {
             .map(|(_, bytes)| u64::try_from(bytes).unwrap_or(0)))
     }
 
+    /// Once every commit read or made since `deadline` was made is on the
+    /// synchronous standby (at once without one); `Err` when that cannot
+    /// be known (its wait cancelled, a failover since).
+    pub fn await_replicated(
+        &self,
+        deadline: &Deadline,
+    ) -> Result<(), crate::storage::StorageError> {
+        self.db.await_replicated(deadline)
+    }
+
     /// `found`, once the synchronous standby has it too (nothing to wait
     /// for when nothing was found).
     fn replicated<T>(&self, found: Option<T>, deadline: &Deadline) -> Result<Option<T>, ReadError> {
