@@ -408,8 +408,14 @@ fn a_commit_cut_short_while_waiting_for_the_standby_is_never_acknowledged() {
         "0",
         "the standby never had it"
     );
+    // Sent again, it lands once. An attempt made while the instance had
+    // not yet seen the new timeline may land and still be answered 503
+    // (nothing is acknowledged without proof); the next one replays it.
     let (status, answer) = post_through_failover(&service.addr, &token, "k-stalled", &body);
-    assert_eq!(status, 201, "{answer}");
+    assert!(
+        status == 201 || (status == 200 && answer["outcome"] == "replayed"),
+        "{status}: {answer}"
+    );
     assert_eq!(
         standby.psql_in(
             "intake",
