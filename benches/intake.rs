@@ -1703,7 +1703,7 @@ fn write_only(db: &Database, duration: Duration, options: &Options, token: &str,
         duration,
         |_| (),
         move |_, client, sequence| {
-            let plan = bench_plan(&tag, client, sequence);
+            let plan = std::sync::Arc::new(bench_plan(&tag, client, sequence));
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             matches!(
                 ceiling_db.write_plan(&plan, &plan.run_id, &token_hash, &deadline),

@@ -195,7 +195,8 @@ async fn submit(
         .ok_or_else(|| ApiError::Internal("the body was already taken".into()))?;
     // Read in place: a body refused part way (too large, too slow) leaves
     // its payload with `submit_plan`, which closes the connection.
-    let bytes = actix_web::rt::time::timeout(client_timeout, read_body(unread, limit))
+    let declared = declared_length(req.headers()).map_or(0, |len| len.min(limit as u64) as usize);
+    let bytes = actix_web::rt::time::timeout(client_timeout, read_body(unread, limit, declared))
         .await
         .map_err(|_| ApiError::SlowClient(client_timeout.as_millis()))??;
     *payload = None;
@@ -311,10 +312,15 @@ fn declared_length(headers: &header::HeaderMap) -> Option<u64> {
 }
 
 /// The whole body, at most `limit` bytes, read through `payload` (which
-/// stays the caller's, read or not).
-async fn read_body(payload: &mut web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+/// stays the caller's, read or not), into room for the `declared` bytes
+/// made once (admission has reserved them), not grown copy by copy.
+async fn read_body(
+    payload: &mut web::Payload,
+    limit: usize,
+    declared: usize,
+) -> Result<web::Bytes, ApiError> {
     use futures_core::Stream;
-    let mut body = web::BytesMut::new();
+    let mut body = web::BytesMut::with_capacity(declared);
     loop {
         let chunk =
             std::future::poll_fn(|cx| std::pin::Pin::new(&mut *payload).poll_next(cx)).await;

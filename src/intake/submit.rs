@@ -2,6 +2,8 @@
 //! resolve a loser by lookups made after its transaction rolled back, retry
 //! what the server rolled back, and re-read what COMMIT left unknown.
 
+use std::sync::Arc;
+
 use super::hashing::CanonicalParts;
 use super::receipt::CorruptRow;
 use super::receipt::ReceiptOfRow;
@@ -102,7 +104,7 @@ impl From<diesel::result::Error> for SubmitError {
 /// after an unknown COMMIT, a wait for the standby. [`Intake::submit_after`]
 /// goes on from it on a blocking thread.
 pub struct FirstAttempt {
-    plan: NewPlan,
+    plan: Arc<NewPlan>,
     written: Result<Written, WriteFailure>,
 }
 
@@ -580,7 +582,7 @@ fn new_plan(
     submission: &Submission,
     parts: &CanonicalParts,
     signer: Option<&SigningKey>,
-) -> NewPlan {
+) -> Arc<NewPlan> {
     let mut plan = NewPlan {
         receipt_id: new_receipt_id(),
         maker: login.name.clone(),
@@ -601,7 +603,8 @@ fn new_plan(
             Err(error) => tracing::error!(%error, "a receipt could not be signed"),
         }
     }
-    plan
+    // Shared with the writer that writes it: a 1 MiB content is not copied.
+    Arc::new(plan)
 }
 
 /// `rcpt_` and 128 random bits in hex: made here, per attempt, so a re-read

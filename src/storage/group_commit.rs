@@ -38,7 +38,7 @@ type WriteResult = Result<Written, WriteFailure>;
 
 /// One request's write, and its result once the batch is done.
 struct Slot {
-    plan: NewPlan,
+    plan: Arc<NewPlan>,
     key: String,
     deadline: Deadline,
     result: Mutex<Option<WriteResult>>,
@@ -111,12 +111,12 @@ impl WriteQueue {
     pub fn write(
         &self,
         conn: &mut SqliteConnection,
-        plan: &NewPlan,
+        plan: &Arc<NewPlan>,
         key: &str,
         deadline: &Deadline,
     ) -> WriteResult {
         let slot = Arc::new(Slot {
-            plan: plan.clone(),
+            plan: Arc::clone(plan),
             key: key.to_owned(),
             deadline: *deadline,
             result: Mutex::new(None),

@@ -256,7 +256,7 @@ impl Database {
     /// the server read-only is discarded, so the next finds the primary.
     pub fn write_plan(
         &self,
-        plan: &plans::NewPlan,
+        plan: &Arc<plans::NewPlan>,
         idempotency_key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -303,7 +303,7 @@ impl Database {
     /// caller's own: the plan joins the writers' queue.
     pub async fn write_plan_async(
         &self,
-        plan: &plans::NewPlan,
+        plan: &Arc<plans::NewPlan>,
         idempotency_key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -351,7 +351,7 @@ impl Database {
     fn write_sqlite(
         &self,
         lite: &mut diesel::SqliteConnection,
-        plan: &plans::NewPlan,
+        plan: &Arc<plans::NewPlan>,
         idempotency_key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -378,7 +378,7 @@ impl Database {
     pub fn write_after_missed_read(
         &self,
         lite: &mut diesel::SqliteConnection,
-        plan: &plans::NewPlan,
+        plan: &Arc<plans::NewPlan>,
         idempotency_key: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {

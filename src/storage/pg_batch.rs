@@ -75,7 +75,7 @@ enum Reply {
 
 /// One request's write, and where its result goes.
 struct Slot {
-    plan: NewPlan,
+    plan: Arc<NewPlan>,
     key: String,
     token_hash: String,
     deadline: Deadline,
@@ -184,7 +184,7 @@ impl PgWriteQueue {
     /// it is written, or leaves the queue unwritten at `deadline`.
     pub fn write(
         &self,
-        plan: &NewPlan,
+        plan: &Arc<NewPlan>,
         key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -215,7 +215,7 @@ impl PgWriteQueue {
     /// queued; a writer drops it unwritten once its deadline has passed.
     pub async fn write_async(
         &self,
-        plan: &NewPlan,
+        plan: &Arc<NewPlan>,
         key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -228,7 +228,7 @@ impl PgWriteQueue {
 
     fn enqueue(
         &self,
-        plan: &NewPlan,
+        plan: &Arc<NewPlan>,
         key: &str,
         token_hash: &str,
         deadline: &Deadline,
@@ -247,7 +247,7 @@ impl PgWriteQueue {
             }
         });
         let slot = Arc::new(Slot {
-            plan: plan.clone(),
+            plan: Arc::clone(plan),
             key: key.to_owned(),
             token_hash: token_hash.to_owned(),
             deadline: *deadline,

@@ -127,7 +127,12 @@ async fn reread_finding_another_attempts_row_resolves_it_by_hash() {
             .expect("open");
             let deadline = plan_intake::deadline::Deadline::after(Duration::from_secs(10));
             other
-                .write_plan(&competitor, "k", &token_hash, &deadline)
+                .write_plan(
+                    &std::sync::Arc::new(competitor),
+                    "k",
+                    &token_hash,
+                    &deadline,
+                )
                 .expect("the other attempt commits");
         });
         proxy.arm(Fault::CutBeforeCommit, false, Some(hook));

@@ -294,9 +294,12 @@ async fn key_conflict_on_sqlite(db: TestDb) {
     let plan_intake::storage::DbConn::Sqlite(lite) = &mut *conn else {
         unreachable!("a SQLite scratch database")
     };
-    let result = app
-        .direct
-        .write_after_missed_read(lite, &plan, "key-1", &deadline);
+    let result = app.direct.write_after_missed_read(
+        lite,
+        &std::sync::Arc::new(plan.clone()),
+        "key-1",
+        &deadline,
+    );
     // Resolved inside the batch after the savepoint rolled back: the key
     // row that won is reported, and this plan row is gone with it.
     assert!(

@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -38,9 +39,7 @@ pub enum JsonError {
 /// The whole body as a `Value` tree (for small documents and tests; a plan
 /// goes through [`parse_members`], which builds no tree of its content).
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
-    checked(bytes, |strict, deserializer| {
-        strict.deserialize(deserializer)
-    })
+    checked(bytes, WholeValue)
 }
 
 /// A body checked as I-JSON in one pass, when it is an object: the members
@@ -59,27 +58,79 @@ pub enum Members {
 }
 
 pub fn parse_members(bytes: &[u8], kept: &[&str], canonical: &str) -> Result<Members, JsonError> {
-    checked(bytes, |strict, deserializer| {
-        deserializer.deserialize_any(RootVisitor {
-            strict,
+    checked(
+        bytes,
+        SomeMembers {
             kept,
             canonical,
-        })
-    })
+            capacity: bytes.len(),
+        },
+    )
 }
 
-/// Runs `read` over the whole of `bytes` and sorts its failure into syntax
-/// (400) or not I-JSON (422, with the path a refusal recorded).
-fn checked<T>(
-    bytes: &[u8],
-    read: impl FnOnce(
-        StrictVisitor<'_>,
-        &mut serde_json::Deserializer<serde_json::de::SliceRead<'_>>,
-    ) -> Result<T, serde_json::Error>,
-) -> Result<T, JsonError> {
+/// What [`checked`] reads a body as, whatever serde_json reads it from.
+trait Reading {
+    type Output;
+
+    fn read<'de, R: serde_json::de::Read<'de>>(
+        self,
+        strict: StrictVisitor<'_>,
+        deserializer: &mut serde_json::Deserializer<R>,
+    ) -> Result<Self::Output, serde_json::Error>;
+}
+
+/// [`parse`]'s reading: the whole body as a tree.
+struct WholeValue;
+
+impl Reading for WholeValue {
+    type Output = Value;
+
+    fn read<'de, R: serde_json::de::Read<'de>>(
+        self,
+        strict: StrictVisitor<'_>,
+        deserializer: &mut serde_json::Deserializer<R>,
+    ) -> Result<Value, serde_json::Error> {
+        strict.deserialize(deserializer)
+    }
+}
+
+/// [`parse_members`]'s reading.
+struct SomeMembers<'k> {
+    kept: &'k [&'k str],
+    canonical: &'k str,
+    /// The body's size: room for the canonical member's text, which is
+    /// rarely longer than the body.
+    capacity: usize,
+}
+
+impl Reading for SomeMembers<'_> {
+    type Output = Members;
+
+    fn read<'de, R: serde_json::de::Read<'de>>(
+        self,
+        strict: StrictVisitor<'_>,
+        deserializer: &mut serde_json::Deserializer<R>,
+    ) -> Result<Members, serde_json::Error> {
+        use serde::Deserializer as _;
+        deserializer.deserialize_any(RootVisitor {
+            strict,
+            kept: self.kept,
+            canonical: self.canonical,
+            capacity: self.capacity,
+        })
+    }
+}
+
+/// Runs `reading` over the whole of `bytes` and sorts its failure into
+/// syntax (400) or not I-JSON (422, with the path a refusal recorded).
+fn checked<T: Reading>(bytes: &[u8], reading: T) -> Result<T::Output, JsonError> {
     let refusal: std::cell::RefCell<Option<(String, String)>> = Default::default();
     let failed_at: std::cell::RefCell<Option<String>> = Default::default();
-    let numbers = NumberTexts::new(bytes);
+    // A body that is UTF-8 throughout (every valid one) is checked so once,
+    // not string by string; one that is not is read as bytes, so that its
+    // error is serde_json's, where it stops.
+    let text = std::str::from_utf8(bytes).ok();
+    let numbers = NumberTexts::new(bytes, text);
     let strict = StrictVisitor {
         depth: 0,
         at: None,
@@ -87,9 +138,20 @@ fn checked<T>(
         failed_at: &failed_at,
         numbers: &numbers,
     };
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed =
-        read(strict, &mut deserializer).and_then(|value| deserializer.end().map(|()| value));
+    let parsed = match text {
+        Some(text) => {
+            let mut deserializer = serde_json::Deserializer::from_str(text);
+            reading
+                .read(strict, &mut deserializer)
+                .and_then(|value| deserializer.end().map(|()| value))
+        }
+        None => {
+            let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+            reading
+                .read(strict, &mut deserializer)
+                .and_then(|value| deserializer.end().map(|()| value))
+        }
+    };
     match parsed {
         Ok(value) => Ok(value),
         Err(e) if e.classify() == serde_json::error::Category::Data => {
@@ -200,19 +262,45 @@ fn is_json_number(token: &str) -> bool {
 /// n-th number token outside a string.
 struct NumberTexts<'b> {
     bytes: &'b [u8],
+    /// The same bytes, when they are UTF-8 throughout.
+    text: Option<&'b str>,
     next: std::cell::Cell<usize>,
+    /// Number tokens passed over since `next`, not yet scanned.
+    skipped: std::cell::Cell<usize>,
 }
 
 impl<'b> NumberTexts<'b> {
-    fn new(bytes: &'b [u8]) -> Self {
+    fn new(bytes: &'b [u8], text: Option<&'b str>) -> Self {
         Self {
             bytes,
+            text,
             next: std::cell::Cell::new(0),
+            skipped: std::cell::Cell::new(0),
         }
     }
 
-    /// The text of the next number token, past the one returned before.
+    /// The text of the next number token, past the one returned before
+    /// and those skipped since.
     fn next_text(&self) -> Option<&'b str> {
+        for _ in 0..self.skipped.replace(0) {
+            self.next_token()?;
+        }
+        let token = self.next_token()?;
+        match self.text {
+            Some(text) => text.get(token),
+            None => std::str::from_utf8(&self.bytes[token]).ok(),
+        }
+    }
+
+    /// Passes over the next number token without reading its text (an
+    /// integer whose value says its text): the scan is made only when a
+    /// later number's text is asked for, and not at all when none is.
+    fn skip(&self) {
+        self.skipped.set(self.skipped.get() + 1);
+    }
+
+    /// Where the next number token stands.
+    fn next_token(&self) -> Option<Range<usize>> {
         let bytes = self.bytes;
         let mut at = self.next.get();
         while let Some(&byte) = bytes.get(at) {
@@ -239,7 +327,7 @@ impl<'b> NumberTexts<'b> {
                         at += 1;
                     }
                     self.next.set(at);
-                    return std::str::from_utf8(&bytes[start..at]).ok();
+                    return Some(start..at);
                 }
                 _ => at += 1,
             }
@@ -414,6 +502,16 @@ fn exact_double(text: &str) -> Option<serde_json::Number> {
     serde_json::Number::from_f64(text.parse::<f64>().ok()?)
 }
 
+/// An integer serde_json read as one (`visit_u64`, `visit_i64`: written
+/// as digits with a sign only if negative, no fraction, exponent or
+/// leading zero, and never `-0`), when it is below 2^53 in magnitude: then
+/// it is exactly a double, and its RFC 8785 form is its decimal digits,
+/// exactly as written.
+fn exact_integer(value: i64) -> Option<i64> {
+    const EXACT: i64 = 1 << 53;
+    (-EXACT < value && value < EXACT).then_some(value)
+}
+
 /// An integer written without sign tricks, fraction or exponent, and with
 /// at most 15 digits: below 2^53, so exactly a double. (`-0` is left to the
 /// full check, which keeps it as written.)
@@ -476,12 +574,24 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
         Ok(Value::Bool(v))
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Value, E> {
-        self.number()
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        match exact_integer(v) {
+            Some(v) => {
+                self.numbers.skip();
+                Ok(Value::Number(v.into()))
+            }
+            None => self.number(),
+        }
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Value, E> {
-        self.number()
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        match i64::try_from(v).ok().and_then(exact_integer) {
+            Some(v) => {
+                self.numbers.skip();
+                Ok(Value::Number(v.into()))
+            }
+            None => self.number(),
+        }
     }
 
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Value, E> {
@@ -575,34 +685,47 @@ impl<'de> Visitor<'de> for Name {
     }
 }
 
-/// The member names of one object so far, to refuse a duplicate: a list
-/// while the object is small, and a set too once it is not (a body of
-/// 100,000 members must not cost 10^10 comparisons).
-#[derive(Default)]
+/// One object's member names so far, to refuse a duplicate: those on the
+/// names stack from `base`, scanned while they are few, and in a set too
+/// once they are not (a body of 100,000 members must not cost 10^10
+/// comparisons).
 struct Names<'de> {
-    list: Vec<Cow<'de, str>>,
+    base: usize,
     set: Option<HashSet<Cow<'de, str>>>,
 }
 
 impl<'de> Names<'de> {
     const SCAN_UP_TO: usize = 16;
 
-    fn contains(&self, name: &str) -> bool {
-        match &self.set {
-            Some(set) => set.contains(name),
-            None => self.list.iter().any(|seen| seen == name),
+    /// An object whose names go on `stack` from its present top.
+    fn on(stack: &[Cow<'de, str>]) -> Self {
+        Self {
+            base: stack.len(),
+            set: None,
         }
     }
 
-    fn push(&mut self, name: Cow<'de, str>) {
+    fn contains(&self, stack: &[Cow<'de, str>], name: &str) -> bool {
+        match &self.set {
+            Some(set) => set.contains(name),
+            None => stack[self.base..].iter().any(|seen| seen == name),
+        }
+    }
+
+    /// The name read before, if any.
+    fn last<'s>(&self, stack: &'s [Cow<'de, str>]) -> Option<&'s Cow<'de, str>> {
+        stack[self.base..].last()
+    }
+
+    fn push(&mut self, stack: &mut Vec<Cow<'de, str>>, name: Cow<'de, str>) {
         if let Some(set) = &mut self.set {
             set.insert(name.clone());
-        } else if self.list.len() >= Self::SCAN_UP_TO {
-            let mut set: HashSet<_> = self.list.iter().cloned().collect();
+        } else if stack.len() - self.base >= Self::SCAN_UP_TO {
+            let mut set: HashSet<_> = stack[self.base..].iter().cloned().collect();
             set.insert(name.clone());
             self.set = Some(set);
         }
-        self.list.push(name);
+        stack.push(name);
     }
 }
 
@@ -621,6 +744,15 @@ fn utf16_order(a: &str, b: &str) -> Ordering {
 pub fn write_string(out: &mut String, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
+    // Most names and values need no escape: one check, one copy.
+    if !text
+        .bytes()
+        .any(|byte| byte < 0x20 || byte == b'"' || byte == b'\\')
+    {
+        out.push_str(text);
+        out.push('"');
+        return;
+    }
     let mut plain_from = 0;
     for (at, byte) in text.bytes().enumerate() {
         let short = match byte {
@@ -649,16 +781,36 @@ pub fn write_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
-/// Checks a value as [`StrictVisitor`] does, at the same points and with
-/// the same refusals, but writes its RFC 8785 text to `out` instead of
-/// building a tree: an object's members are written as they come and
-/// reordered in place at its end, when they did not come sorted.
-struct CanonicalWriter<'a, 'o> {
-    strict: StrictVisitor<'a>,
-    out: &'o mut String,
+/// Where canonical text is written, with the stacks of the objects being
+/// written (innermost last): their member names and each member's span in
+/// `out`. Shared by every object of one value, so that an object costs no
+/// allocation of its own.
+#[derive(Default)]
+struct Canon<'de> {
+    out: String,
+    names: Vec<Cow<'de, str>>,
+    spans: Vec<Range<usize>>,
 }
 
-impl<'de> DeserializeSeed<'de> for CanonicalWriter<'_, '_> {
+impl Canon<'_> {
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            out: String::with_capacity(capacity),
+            ..Self::default()
+        }
+    }
+}
+
+/// Checks a value as [`StrictVisitor`] does, at the same points and with
+/// the same refusals, but writes its RFC 8785 text to `canon.out` instead
+/// of building a tree: an object's members are written as they come and
+/// reordered in place at its end, when they did not come sorted.
+struct CanonicalWriter<'a, 'o, 'de> {
+    strict: StrictVisitor<'a>,
+    canon: &'o mut Canon<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for CanonicalWriter<'_, '_, 'de> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -666,26 +818,22 @@ impl<'de> DeserializeSeed<'de> for CanonicalWriter<'_, '_> {
     }
 }
 
-impl CanonicalWriter<'_, '_> {
+impl<'de> CanonicalWriter<'_, '_, 'de> {
     fn number<E: de::Error>(self) -> Result<(), E> {
         let text = self.strict.number_text()?;
         match self.strict.exact(text)? {
-            Exact::Small(_) => self.out.push_str(text),
-            Exact::Checked { canonical, .. } => self.out.push_str(&canonical),
+            Exact::Small(_) => self.canon.out.push_str(text),
+            Exact::Checked { canonical, .. } => self.canon.out.push_str(&canonical),
         }
         Ok(())
     }
 
     /// A map whose opening was read: `{}` or an object.
-    fn map_from<'de, A: MapAccess<'de>>(
-        self,
-        access: A,
-        opening: Opening<'de>,
-    ) -> Result<(), A::Error> {
+    fn map_from<A: MapAccess<'de>>(self, access: A, opening: Opening<'de>) -> Result<(), A::Error> {
         match opening {
             Opening::EmptyObject => {
                 self.strict.nested::<A::Error>()?;
-                self.out.push_str("{}");
+                self.canon.out.push_str("{}");
                 Ok(())
             }
             Opening::Object(first) => self.object_from(access, first),
@@ -693,30 +841,30 @@ impl CanonicalWriter<'_, '_> {
     }
 
     /// The rest of an object whose first member name, `first`, was read.
-    fn object_from<'de, A: MapAccess<'de>>(
+    fn object_from<A: MapAccess<'de>>(
         self,
         mut access: A,
         first: Cow<'de, str>,
     ) -> Result<(), A::Error> {
-        let Self { strict, out } = self;
-        out.push('{');
-        let body_start = out.len();
-        let mut names = Names::default();
-        let mut spans = Vec::new();
+        let Self { strict, canon } = self;
+        canon.out.push('{');
+        let body_start = canon.out.len();
+        let mut names = Names::on(&canon.names);
+        let spans_base = canon.spans.len();
         let mut sorted = true;
         let mut next = Some(first);
         while let Some(name) = next {
             let inner = strict.nested()?;
-            if names.contains(&name) {
+            if names.contains(&canon.names, &name) {
                 return Err(strict.refuse(format!("duplicate member name `{name}`")));
             }
-            if let Some(previous) = names.list.last() {
+            if let Some(previous) = names.last(&canon.names) {
                 sorted &= utf16_order(previous, &name) == Ordering::Less;
-                out.push(',');
+                canon.out.push(',');
             }
-            let member_start = out.len();
-            write_string(out, &name);
-            out.push(':');
+            let member_start = canon.out.len();
+            write_string(&mut canon.out, &name);
+            canon.out.push(':');
             let at = At {
                 parent: strict.at,
                 step: Step::Member(&name),
@@ -724,32 +872,37 @@ impl CanonicalWriter<'_, '_> {
             access
                 .next_value_seed(CanonicalWriter {
                     strict: inner.at(&at),
-                    out: &mut *out,
+                    canon: &mut *canon,
                 })
                 .map_err(|e| inner.at(&at).failed(e))?;
-            spans.push(member_start..out.len());
-            names.push(name);
+            canon.spans.push(member_start..canon.out.len());
+            names.push(&mut canon.names, name);
             next = access.next_key_seed(Name).map_err(|e| strict.failed(e))?;
         }
         if !sorted {
-            let written = out[body_start..].to_owned();
-            let mut order: Vec<usize> = (0..spans.len()).collect();
-            order.sort_unstable_by(|&a, &b| utf16_order(&names.list[a], &names.list[b]));
-            out.truncate(body_start);
+            let written = canon.out[body_start..].to_owned();
+            let members = &canon.names[names.base..];
+            let mut order: Vec<usize> = (0..members.len()).collect();
+            order.sort_unstable_by(|&a, &b| utf16_order(&members[a], &members[b]));
+            canon.out.truncate(body_start);
             for (i, member) in order.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    canon.out.push(',');
                 }
-                let span = &spans[member];
-                out.push_str(&written[span.start - body_start..span.end - body_start]);
+                let span = &canon.spans[spans_base + member];
+                canon
+                    .out
+                    .push_str(&written[span.start - body_start..span.end - body_start]);
             }
         }
-        out.push('}');
+        canon.names.truncate(names.base);
+        canon.spans.truncate(spans_base);
+        canon.out.push('}');
         Ok(())
     }
 }
 
-impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
+impl<'de> Visitor<'de> for CanonicalWriter<'_, '_, 'de> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -757,16 +910,30 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
     }
 
     fn visit_bool<E>(self, v: bool) -> Result<(), E> {
-        self.out.push_str(if v { "true" } else { "false" });
+        self.canon.out.push_str(if v { "true" } else { "false" });
         Ok(())
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        self.number()
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        match exact_integer(v) {
+            Some(v) => {
+                self.strict.numbers.skip();
+                self.canon.out.push_str(itoa::Buffer::new().format(v));
+                Ok(())
+            }
+            None => self.number(),
+        }
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        self.number()
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        match i64::try_from(v).ok().and_then(exact_integer) {
+            Some(v) => {
+                self.strict.numbers.skip();
+                self.canon.out.push_str(itoa::Buffer::new().format(v));
+                Ok(())
+            }
+            None => self.number(),
+        }
     }
 
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
@@ -774,24 +941,24 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
     }
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        write_string(self.out, v);
+        write_string(&mut self.canon.out, v);
         Ok(())
     }
 
     fn visit_unit<E>(self) -> Result<(), E> {
-        self.out.push_str("null");
+        self.canon.out.push_str("null");
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let Self { strict, out } = self;
+        let Self { strict, canon } = self;
         let inner = strict.nested()?;
-        out.push('[');
+        canon.out.push('[');
         let mut index = 0;
         loop {
-            let before = out.len();
+            let before = canon.out.len();
             if index > 0 {
-                out.push(',');
+                canon.out.push(',');
             }
             let at = At {
                 parent: strict.at,
@@ -799,19 +966,19 @@ impl<'de> Visitor<'de> for CanonicalWriter<'_, '_> {
             };
             let seed = CanonicalWriter {
                 strict: inner.at(&at),
-                out: &mut *out,
+                canon: &mut *canon,
             };
             if seq
                 .next_element_seed(seed)
                 .map_err(|e| inner.at(&at).failed(e))?
                 .is_none()
             {
-                out.truncate(before);
+                canon.out.truncate(before);
                 break;
             }
             index += 1;
         }
-        out.push(']');
+        canon.out.push(']');
         Ok(())
     }
 
@@ -846,6 +1013,8 @@ enum Content {
 
 struct ContentVisitor<'a> {
     strict: StrictVisitor<'a>,
+    /// Room to reserve for the text.
+    capacity: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for ContentVisitor<'_> {
@@ -893,13 +1062,13 @@ impl<'de> Visitor<'de> for ContentVisitor<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Content, A::Error> {
         let opening = Opening::read(&mut access).map_err(|e| self.strict.failed(e))?;
-        let mut out = String::new();
+        let mut canon = Canon::with_capacity(self.capacity);
         CanonicalWriter {
             strict: self.strict,
-            out: &mut out,
+            canon: &mut canon,
         }
         .map_from(access, opening)?;
-        Ok(Content::Object(out))
+        Ok(Content::Object(canon.out))
     }
 }
 
@@ -908,17 +1077,19 @@ struct RootVisitor<'a, 'k> {
     strict: StrictVisitor<'a>,
     kept: &'k [&'k str],
     canonical: &'k str,
+    /// Room to reserve for the canonical member's text.
+    capacity: usize,
 }
 
 impl RootVisitor<'_, '_> {
     /// Checks a value that is not an object, for [`Members::NotObject`].
-    fn not_object<E>(
+    fn not_object<'de, E>(
         self,
-        check: impl FnOnce(CanonicalWriter<'_, '_>) -> Result<(), E>,
+        check: impl FnOnce(CanonicalWriter<'_, '_, 'de>) -> Result<(), E>,
     ) -> Result<Members, E> {
         check(CanonicalWriter {
             strict: self.strict,
-            out: &mut String::new(),
+            canon: &mut Canon::default(),
         })
         .map(|()| Members::NotObject)
     }
@@ -968,13 +1139,14 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
             }
             Opening::Object(first) => Some(first),
         };
-        let mut names = Names::default();
+        let mut seen = Vec::new();
+        let mut names = Names::on(&seen);
         let mut kept = Map::new();
         let mut canonical = None;
-        let mut dropped = String::new();
+        let mut dropped = Canon::default();
         while let Some(name) = next {
             let inner = strict.nested()?;
-            if names.contains(&name) {
+            if names.contains(&seen, &name) {
                 return Err(strict.refuse(format!("duplicate member name `{name}`")));
             }
             let at = At {
@@ -984,7 +1156,10 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
             let inner = inner.at(&at);
             if name == self.canonical {
                 match access
-                    .next_value_seed(ContentVisitor { strict: inner })
+                    .next_value_seed(ContentVisitor {
+                        strict: inner,
+                        capacity: self.capacity,
+                    })
                     .map_err(|e| inner.failed(e))?
                 {
                     Content::Object(text) => canonical = Some(text),
@@ -996,15 +1171,15 @@ impl<'de> Visitor<'de> for RootVisitor<'_, '_> {
                 let value = access.next_value_seed(inner).map_err(|e| inner.failed(e))?;
                 kept.insert(name.to_string(), value);
             } else {
-                dropped.clear();
+                dropped.out.clear();
                 access
                     .next_value_seed(CanonicalWriter {
                         strict: inner,
-                        out: &mut dropped,
+                        canon: &mut dropped,
                     })
                     .map_err(|e| inner.failed(e))?;
             }
-            names.push(name);
+            names.push(&mut seen, name);
             next = access.next_key_seed(Name).map_err(|e| strict.failed(e))?;
         }
         Ok(Members::Object { kept, canonical })
@@ -1052,6 +1227,29 @@ mod tests {
         assert!(matches!(parse(b"{\"a\":"), Err(JsonError::Syntax(_))));
         assert!(matches!(parse(b"not json"), Err(JsonError::Syntax(_))));
         assert!(matches!(parse(b"{} {}"), Err(JsonError::Syntax(_))));
+    }
+
+    /// Integers read by value skip the scan for their text; the text of a
+    /// later number must still be its own, not a skipped integer's.
+    #[test]
+    fn numbers_after_integers_keep_their_own_text() {
+        let body = br#"{"c":{"a":[1,-2,9007199254740991,-9007199254740991,"3.5",0.5,{"x":7},1e2,-0,9007199254740992,10.0]}}"#;
+        let Ok(Members::Object { canonical, .. }) = parse_members(body, &[], "c") else {
+            panic!("parsed");
+        };
+        assert_eq!(
+            canonical.as_deref(),
+            Some(
+                r#"{"a":[1,-2,9007199254740991,-9007199254740991,"3.5",0.5,{"x":7},100,0,9007199254740992,10]}"#
+            )
+        );
+        let tree = parse(body).expect("parsed");
+        assert_eq!(tree["c"]["a"][2], Value::from(9007199254740991u64));
+        assert_eq!(tree["c"]["a"][5], Value::from(0.5));
+        assert!(matches!(
+            parse_members(br#"{"c":{"a":[1,2,9007199254740993]}}"#, &[], "c"),
+            Err(JsonError::NotIJson { path, .. }) if path == "c.a[2]"
+        ));
     }
 
     #[test]

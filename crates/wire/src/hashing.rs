@@ -54,29 +54,21 @@ pub fn canonicalize(submission: &Submission) -> CanonicalParts<'_> {
 pub fn hashes_of_stored(inputs: &str, content: &str, run_id: &str) -> Hashes {
     let mut run_id_json = String::with_capacity(run_id.len() + 2);
     write_string(&mut run_id_json, run_id);
-    let hash_of = |pieces: &[&str]| {
-        let mut hasher = blake3::Hasher::new();
+    // The two documents share everything up to the content's end: hashed
+    // once, then each finished from a copy of the hasher's state.
+    let mut shared = blake3::Hasher::new();
+    for piece in [r#"{"approved_inputs":"#, inputs, r#","content":"#, content] {
+        shared.update(piece.as_bytes());
+    }
+    let finish = |pieces: &[&str]| {
+        let mut hasher = shared.clone();
         for piece in pieces {
             hasher.update(piece.as_bytes());
         }
         format!("blake3:{}", hasher.finalize().to_hex())
     };
-    let content_hash = hash_of(&[
-        r#"{"approved_inputs":"#,
-        inputs,
-        r#","content":"#,
-        content,
-        "}",
-    ]);
-    let request_hash = hash_of(&[
-        r#"{"approved_inputs":"#,
-        inputs,
-        r#","content":"#,
-        content,
-        r#","run_id":"#,
-        &run_id_json,
-        "}",
-    ]);
+    let content_hash = finish(&["}"]);
+    let request_hash = finish(&[r#","run_id":"#, &run_id_json, "}"]);
     Hashes {
         content_hash,
         request_hash,
