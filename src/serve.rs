@@ -25,7 +25,7 @@ use crate::intake::receipt_log::KeepCheckpoint;
 use crate::intake::signing::SigningKey;
 use crate::intake::{Intake, RetryPolicy};
 use crate::metrics::Metrics;
-use crate::storage::pg_batch::{DEFAULT_PG_BATCH, MAX_PG_BATCH};
+use crate::storage::write_queue::{DEFAULT_PG_BATCH, MAX_PG_BATCH};
 use crate::storage::{Database, MigrateOnOpen, PgPooler, PoolOptions, StorageError};
 
 /// `serve`'s settings: one typed struct, filled by clap from flags and

@@ -1,8 +1,10 @@
-//! SQLite group commit. SQLite admits one writer at a time and every COMMIT
-//! waits for an fsync (`synchronous=FULL`). Writers that arrive while another
-//! commits queue here; the first of them to find no leader writes the whole
-//! queue in one `BEGIN IMMEDIATE` transaction, each plan inside its own
-//! SAVEPOINT, and commits once for all of them.
+//! SQLite's batches. SQLite admits one writer at a time and every COMMIT
+//! waits for an fsync (`synchronous=FULL`). The plans queued meanwhile
+//! (`write_queue`, one writer thread on SQLite) are answered here: each
+//! plan's login check and key read first, with no write lock (a refusal or
+//! a replay ends there, so a batch of them never waits for another writer
+//! of the file), then the rest in one `BEGIN IMMEDIATE` transaction, each
+//! plan's rows inside its own SAVEPOINT, committed once for all of them.
 //!
 //! Each request's outcome is its own: a unique violation rolls back only that
 //! request's savepoint (its plan row with it) and is resolved at once, inside
@@ -11,89 +13,87 @@
 //! gets this request's key row, so the key is bound by its first answer.
 //! If the batch cannot begin, nothing was written and every request sees a
 //! transient error (retried). If its COMMIT fails, SQLite has rolled the
-//! whole batch back, and if the leader panics its transaction is abandoned:
+//! whole batch back, and if the writer panics its transaction is abandoned:
 //! either way nothing landed and every request is answered 503 (retry with
-//! the same key). A writer whose deadline passes while still queued leaves
-//! the queue unwritten. The unique indexes still decide every race; the
-//! queue only decides who writes when.
+//! the same key). The unique indexes still decide every race; the queue
+//! only decides who writes when. The other writer of the file, the receipt
+//! log's appender, takes its turn between two batches.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 #[cfg(feature = "test-seams")]
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::result::Error as DieselError;
-use diesel::{Connection, SqliteConnection};
+use diesel::{Connection, QueryResult, SqliteConnection};
 
 use super::errors::{copy_error, is_unique_violation};
+use super::logins;
 use super::plans::{
-    BatchFailure, NewPlan, WriteFailure, Written, insert_both_rows, resolve_in_transaction,
+    BatchFailure, NewPlan, WriteFailure, Written, find_receipt_by_key_on_sqlite, insert_both_rows,
+    resolve_in_transaction,
 };
 use crate::deadline::Deadline;
 
 type WriteResult = Result<Written, WriteFailure>;
 
-/// One request's write, and its result once the batch is done.
-struct Slot {
-    plan: Arc<NewPlan>,
-    key: String,
-    deadline: Deadline,
-    result: Mutex<Option<WriteResult>>,
+/// One plan of a batch: its rows, its key, the caller's token (`None`:
+/// written without the login check and key read, a test seam's write), and
+/// its deadline.
+pub struct Entry<'a> {
+    pub plan: &'a NewPlan,
+    pub key: &'a str,
+    pub token_hash: Option<&'a str>,
+    pub deadline: Deadline,
 }
 
 #[derive(Default)]
-struct Queue {
-    waiting: Vec<Arc<Slot>>,
-    leading: bool,
+struct Turns {
+    /// A batch, or the appender, is writing.
+    writing: bool,
     /// Other writers of this file (the receipt log's appender) waiting for
     /// their turn: no new batch begins until each has had it.
-    turns_wanted: usize,
+    wanted: usize,
 }
 
-pub struct WriteQueue {
-    queue: Mutex<Queue>,
+/// Writes SQLite's batches, and gives the file's other writer its turns.
+pub struct SqliteBatches {
+    turns: Mutex<Turns>,
     done: Condvar,
     /// The configured busy timeout; a batch waits no longer than this, nor
     /// past the earliest deadline among its writers.
     busy_timeout: Duration,
-    /// Test seam: the next batch's leader panics mid-transaction.
+    /// Test seam: the next batch's writer panics mid-transaction.
     #[cfg(feature = "test-seams")]
     panic_next_batch: AtomicBool,
-    batch_sizes: std::sync::OnceLock<prometheus::Histogram>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl WriteQueue {
+impl SqliteBatches {
     pub fn new(busy_timeout: Duration) -> Self {
         Self {
-            queue: Mutex::default(),
+            turns: Mutex::default(),
             done: Condvar::new(),
             busy_timeout,
             #[cfg(feature = "test-seams")]
             panic_next_batch: AtomicBool::new(false),
-            batch_sizes: std::sync::OnceLock::new(),
         }
     }
 
-    /// Where each batch's size is recorded (the service's metrics).
-    pub fn observe_batch_sizes(&self, histogram: prometheus::Histogram) {
-        let _ = self.batch_sizes.set(histogram);
-    }
-
-    /// Makes the next batch's leader panic mid-transaction (for tests of
+    /// Makes the next batch's writer panic mid-transaction (for tests of
     /// that failure path; nothing else calls it).
     #[cfg(feature = "test-seams")]
     pub fn panic_in_next_batch(&self) {
         self.panic_next_batch.store(true, Ordering::SeqCst);
     }
 
-    /// Whether a test asked this batch's leader to panic; never in a build
+    /// Whether a test asked this batch's writer to panic; never in a build
     /// without the test seams.
     fn panic_injected(&self) -> bool {
         #[cfg(feature = "test-seams")]
@@ -106,65 +106,47 @@ impl WriteQueue {
         }
     }
 
-    /// Writes `plan` and its key row, in a batch with whatever else is queued.
-    /// `conn` writes the batch if this caller ends up leading it.
-    pub fn write(
-        &self,
-        conn: &mut SqliteConnection,
-        plan: &Arc<NewPlan>,
-        key: &str,
-        deadline: &Deadline,
-    ) -> WriteResult {
-        let slot = Arc::new(Slot {
-            plan: Arc::clone(plan),
-            key: key.to_owned(),
-            deadline: *deadline,
-            result: Mutex::new(None),
-        });
-        let mut queue = lock(&self.queue);
-        queue.waiting.push(Arc::clone(&slot));
-        loop {
-            if let Some(result) = lock(&slot.result).take() {
-                return result;
+    /// Answers `batch` on `conn`, every plan in order: refusals and replays
+    /// from reads, before the write lock is asked for (a batch of them never
+    /// takes it, nor waits for another writer of the file); the rest written
+    /// in one transaction, once the appender has had any turn it waits for.
+    pub fn write(&self, conn: &mut SqliteConnection, batch: &[Entry<'_>]) -> Vec<WriteResult> {
+        let mut answers: Vec<Option<WriteResult>> = batch
+            .iter()
+            .map(|entry| answered_by_reads(conn, entry))
+            .collect();
+        let to_write: Vec<&Entry<'_>> = batch
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(entry, _)| entry)
+            .collect();
+        if !to_write.is_empty() {
+            let mut written = self.write_in_turn(conn, &to_write).into_iter();
+            for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
+                *answer = written.next();
             }
-            if queue.leading || queue.turns_wanted > 0 {
-                let left = slot.deadline.remaining();
-                if left.is_zero() {
-                    // Still queued: leave unwritten. Already in the batch
-                    // being written: its answer comes within that batch's
-                    // wait, which is bounded by the earliest deadline in it.
-                    if let Some(at) = queue.waiting.iter().position(|s| Arc::ptr_eq(s, &slot)) {
-                        queue.waiting.remove(at);
-                        return Err(batch_failed(BatchFailure::NotWrittenInTime));
-                    }
-                    queue = self
-                        .done
-                        .wait(queue)
-                        .unwrap_or_else(PoisonError::into_inner);
-                } else {
-                    queue = self
-                        .done
-                        .wait_timeout(queue, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                }
-                continue;
-            }
-            // Lead one batch (ours is in it), then hand over: a leader that
-            // kept leading under steady load would never answer its caller.
-            queue.leading = true;
-            let batch = Leading {
-                queue: self,
-                batch: std::mem::take(&mut queue.waiting),
-            };
-            drop(queue);
-            let results = self.lead(conn, &batch.batch);
-            for (slot, result) in batch.batch.iter().zip(results) {
-                *lock(&slot.result) = Some(result);
-            }
-            drop(batch);
-            queue = lock(&self.queue);
         }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(batch_failed(BatchFailure::LeaderPanicked))))
+            .collect()
+    }
+
+    /// Writes `batch` in one transaction, once the appender has had any
+    /// turn it waits for.
+    fn write_in_turn(&self, conn: &mut SqliteConnection, batch: &[&Entry<'_>]) -> Vec<WriteResult> {
+        let mut turns = lock(&self.turns);
+        while turns.writing || turns.wanted > 0 {
+            turns = self
+                .done
+                .wait(turns)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        turns.writing = true;
+        drop(turns);
+        let _turn = Turn(self);
+        self.write_batch_guarded(conn, batch)
     }
 
     /// Runs `write` (another writer of this file, on a connection of its
@@ -174,33 +156,27 @@ impl WriteQueue {
     /// here it waits for one batch at most, and the plans queued meanwhile
     /// go in the next.
     pub fn between_batches<R>(&self, write: impl FnOnce() -> R) -> R {
-        struct Turn<'a>(&'a WriteQueue);
-        impl Drop for Turn<'_> {
-            fn drop(&mut self) {
-                lock(&self.0.queue).leading = false;
-                self.0.done.notify_all();
-            }
-        }
-        let mut queue = lock(&self.queue);
-        queue.turns_wanted += 1;
-        while queue.leading {
-            queue = self
+        let mut turns = lock(&self.turns);
+        turns.wanted += 1;
+        while turns.writing {
+            turns = self
                 .done
-                .wait(queue)
+                .wait(turns)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        queue.turns_wanted -= 1;
-        queue.leading = true;
-        drop(queue);
+        turns.wanted -= 1;
+        turns.writing = true;
+        drop(turns);
         let _turn = Turn(self);
         write()
     }
 
     /// Writes one batch; a panic while writing answers every writer in it.
-    fn lead(&self, conn: &mut SqliteConnection, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
-        if let Some(histogram) = self.batch_sizes.get() {
-            histogram.observe(batch.len() as f64);
-        }
+    fn write_batch_guarded(
+        &self,
+        conn: &mut SqliteConnection,
+        batch: &[&Entry<'_>],
+    ) -> Vec<WriteResult> {
         let patience = batch
             .iter()
             .map(|slot| slot.deadline.wait_budget())
@@ -232,7 +208,7 @@ impl WriteQueue {
             Err(_) => {
                 tracing::error!(
                     writers = batch.len(),
-                    "the group-commit leader panicked; its batch is abandoned"
+                    "the SQLite batch's writer panicked; its batch is abandoned"
                 );
                 // Give the write lock back now. diesel still counts the
                 // transaction as open, so the pool discards this connection.
@@ -246,52 +222,29 @@ impl WriteQueue {
     }
 }
 
-/// A batch being written. Dropped, even by a panic, it answers every slot
-/// still unanswered and gives up the lead, so no writer waits forever.
-struct Leading<'a> {
-    queue: &'a WriteQueue,
-    batch: Vec<Arc<Slot>>,
-}
+/// A turn at writing the file; dropped, even by a panic, it ends.
+struct Turn<'a>(&'a SqliteBatches);
 
-impl Drop for Leading<'_> {
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        for slot in &self.batch {
-            let mut result = lock(&slot.result);
-            if result.is_none() {
-                *result = Some(Err(batch_failed(BatchFailure::LeaderPanicked)));
-            }
-        }
-        lock(&self.queue.queue).leading = false;
-        self.queue.done.notify_all();
+        lock(&self.0.turns).writing = false;
+        self.0.done.notify_all();
     }
 }
 
 fn write_batch(
     conn: &mut SqliteConnection,
-    batch: &[Arc<Slot>],
+    batch: &[&Entry<'_>],
     panic_inside: bool,
 ) -> Vec<WriteResult> {
     let mut results: Vec<Option<WriteResult>> = batch.iter().map(|_| None).collect();
     let body_done = Cell::new(false);
     let outcome = conn.immediate_transaction(|c| {
         if panic_inside {
-            panic!("injected panic in the group-commit leader (test seam)");
+            panic!("injected panic in the SQLite batch's writer (test seam)");
         }
-        for (slot, result) in batch.iter().zip(results.iter_mut()) {
-            // A savepoint each: one plan's violation must not undo the others.
-            let written = c
-                .transaction(|c| insert_both_rows(c, &slot.plan, &slot.key))
-                .map(Written::Created);
-            // Resolved here, after the savepoint rolled back: this
-            // transaction holds the write lock, so the winner is in view.
-            let written = match written {
-                Err(error) if is_unique_violation(&error) => {
-                    resolve_in_transaction(c, &slot.plan, &slot.key)
-                        .and_then(|found| found.ok_or(error))
-                }
-                other => other,
-            };
-            *result = Some(written.map_err(|error| WriteFailure::new(error, false)));
+        for (entry, result) in batch.iter().zip(results.iter_mut()) {
+            *result = Some(write_rows(c, entry).map_err(|error| WriteFailure::new(error, false)));
         }
         body_done.set(true);
         Ok::<(), DieselError>(())
@@ -318,6 +271,48 @@ fn write_batch(
             .iter()
             .map(|_| Err(WriteFailure::new(copy_error(&error), false)))
             .collect(),
+    }
+}
+
+/// A plan's answer when reads give it, with no write lock: its token no
+/// longer names the maker's active login with `plans:submit`, or its key
+/// row is committed (a replay, or a key reused). `None`: it is to be
+/// written (also for a test seam's entry, which skips the reads).
+fn answered_by_reads(c: &mut SqliteConnection, entry: &Entry<'_>) -> Option<WriteResult> {
+    let token_hash = entry.token_hash?;
+    let plan = entry.plan;
+    let read = |c: &mut SqliteConnection| -> QueryResult<Option<Written>> {
+        let login = logins::find_active_on_sqlite(c, token_hash, plan.received_at)?;
+        if !login.is_some_and(|row| row.name == plan.maker && logins::may_submit(&row)) {
+            return Ok(Some(Written::Unauthorized));
+        }
+        Ok(
+            find_receipt_by_key_on_sqlite(c, &plan.maker, entry.key)?.map(|(request_hash, row)| {
+                Written::KeyHeld {
+                    request_hash,
+                    plan: row,
+                }
+            }),
+        )
+    };
+    read(c)
+        .map_err(|error| WriteFailure::new(error, false))
+        .transpose()
+}
+
+/// One plan's rows inside the batch's transaction, in a savepoint of their
+/// own (one plan's violation must not undo the others); a unique violation
+/// is resolved after the savepoint rolled back: this transaction holds the
+/// write lock, so the winner is in view.
+fn write_rows(c: &mut SqliteConnection, entry: &Entry<'_>) -> QueryResult<Written> {
+    match c
+        .transaction(|c| insert_both_rows(c, entry.plan, entry.key))
+        .map(Written::Created)
+    {
+        Err(error) if is_unique_violation(&error) => {
+            resolve_in_transaction(c, entry.plan, entry.key).and_then(|found| found.ok_or(error))
+        }
+        other => other,
     }
 }
 

@@ -10,12 +10,12 @@ pub mod feed;
 mod group_commit;
 pub mod logins;
 pub mod migrations;
-pub mod pg_batch;
 pub mod plans;
 mod pool;
 pub mod receipt_log;
 mod replication;
 mod scratch;
+pub mod write_queue;
 
 pub use errors::StorageError;
 pub use feed::signal::{CHANNEL as FEED_CHANNEL_BASE, FeedSignal, channel as feed_channel};
@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use diesel::r2d2::{ManageConnection, R2D2Connection};
 
 use crate::with_conn;
-use group_commit::WriteQueue;
-use pg_batch::PgWriteQueue;
+use group_commit::SqliteBatches;
+use write_queue::PlanQueue;
 
 use crate::deadline::Deadline;
 
@@ -45,10 +45,10 @@ pub struct Database {
     checkout_timeout: std::time::Duration,
     /// Callers inside `conn()` right now (r2d2 does not count its waiters).
     waiting: Arc<AtomicI64>,
-    /// SQLite only: this process's writers, committed in groups.
-    writers: Arc<WriteQueue>,
-    /// Postgres only: this process's writers, written in batches.
-    pg_writers: Arc<PgWriteQueue>,
+    /// SQLite only: writes the batches, gives the appender its turns.
+    sqlite_batches: Arc<SqliteBatches>,
+    /// This process's writers, written in batches.
+    writers: Arc<PlanQueue>,
     /// Wakes readers waiting on the feed.
     feed: FeedSignal,
     /// The service on Postgres: proves a plan it read is on the standby.
@@ -136,7 +136,7 @@ impl Database {
         }
         let pool = build_pool(manager, options);
         let waiting: Arc<AtomicI64> = Arc::default();
-        let connect: pg_batch::Connect = {
+        let connect: write_queue::Connect = {
             let (pool, waiting) = (pool.clone(), Arc::clone(&waiting));
             let timeout = options.checkout_timeout;
             Box::new(move |deadline| checkout_within(&pool, &waiting, timeout, deadline))
@@ -147,6 +147,20 @@ impl Database {
             let feed = feed.clone();
             Box::new(move || feed.bump())
         };
+        let sqlite_batches = Arc::new(SqliteBatches::new(options.sqlite_busy_timeout));
+        let (max_batch, writers) = match backend {
+            // Two writers (one when the pool has room for no more than
+            // two connections): fewer writers make larger batches, and on
+            // the project's 2-core machine two wrote 1.1x the one-statement
+            // ceiling at 16 clients where four wrote 0.7x (more round
+            // trips, more CPU per plan); docs/PERFORMANCE.md.
+            Backend::Postgres => (
+                options.pg_write_batch.clamp(1, write_queue::MAX_PG_BATCH),
+                PG_WRITERS.min((options.max_size as usize / 2).max(1)),
+            ),
+            // SQLite admits one writer at a time.
+            Backend::Sqlite => (write_queue::SQLITE_MAX_BATCH, 1),
+        };
         Ok(Self {
             feed,
             barrier,
@@ -154,17 +168,13 @@ impl Database {
             backend,
             checkout_timeout: options.checkout_timeout,
             waiting,
-            writers: Arc::new(WriteQueue::new(options.sqlite_busy_timeout)),
-            // Two writers (one when the pool has room for no more than
-            // two connections): fewer writers make larger batches, and on
-            // the project's 2-core machine two wrote 1.1x the one-statement
-            // ceiling at 16 clients where four wrote 0.7x (more round
-            // trips, more CPU per plan); docs/PERFORMANCE.md.
-            pg_writers: Arc::new(PgWriteQueue::new(
-                options.pg_write_batch,
-                PG_WRITERS.min((options.max_size as usize / 2).max(1)),
+            sqlite_batches: Arc::clone(&sqlite_batches),
+            writers: Arc::new(PlanQueue::new(
+                max_batch,
+                writers,
                 connect,
                 wake_readers,
+                sqlite_batches,
             )),
         })
     }
@@ -186,7 +196,7 @@ impl Database {
     /// is not starved by them; on Postgres as it is.
     pub fn between_batches<R>(&self, write: impl FnOnce() -> R) -> R {
         match self.backend {
-            Backend::Sqlite => self.writers.between_batches(write),
+            Backend::Sqlite => self.sqlite_batches.between_batches(write),
             Backend::Postgres => write(),
         }
     }
@@ -246,14 +256,13 @@ impl Database {
     /// `token_hash` — unless that token no longer names the plan's maker's
     /// active login with `plans:submit` (nothing read or written), or the
     /// key row is already committed, which is answered from a read with
-    /// nothing written. Postgres: the plan joins a group-commit batch
-    /// (`pg_batch`), written by one statement on a pooled connection, the
-    /// login check included. SQLite: the login and the key row are read on a
-    /// pooled connection (local, no write lock), then the write goes through
-    /// the group-commit queue, which hands the write lock on at once and
-    /// commits many plans with one fsync instead of leaving writers to
-    /// SQLite's busy handler (see `group_commit`). A connection that finds
-    /// the server read-only is discarded, so the next finds the primary.
+    /// nothing written. The plan joins a group-commit batch (`write_queue`)
+    /// written on one pooled connection, the login check and the key read
+    /// included: on Postgres by one statement, on SQLite by one
+    /// `BEGIN IMMEDIATE` transaction of this process's one writer thread,
+    /// committing many plans with one fsync instead of leaving writers to
+    /// SQLite's busy handler (`group_commit`). A connection that finds the
+    /// server read-only is discarded, so the next finds the primary.
     pub fn write_plan(
         &self,
         plan: &Arc<plans::NewPlan>,
@@ -261,46 +270,18 @@ impl Database {
         token_hash: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        let written = match self.backend {
-            Backend::Postgres => self
-                .pg_writers
-                .write(plan, idempotency_key, token_hash, deadline),
-            Backend::Sqlite => match self.conn_within(deadline) {
-                Ok(mut conn) => match &mut *conn {
-                    DbConn::Sqlite(lite) => {
-                        self.write_sqlite(lite, plan, idempotency_key, token_hash, deadline)
-                    }
-                    DbConn::Postgres(_) => Err(group_commit::batch_failed(
-                        plans::BatchFailure::NoConnection,
-                    )),
-                },
-                Err(_) if deadline.passed() => Err(group_commit::batch_failed(
-                    plans::BatchFailure::NotWrittenInTime,
-                )),
-                Err(error) => {
-                    tracing::warn!(%error, "no connection for a write");
-                    Err(group_commit::batch_failed(
-                        plans::BatchFailure::NoConnection,
-                    ))
-                }
-            },
-        };
-        if self.backend == Backend::Sqlite
-            && let Ok(plans::Written::Created(_)) = written
-        {
-            self.feed.bump();
-        }
-        written
+        self.writers
+            .write(plan, idempotency_key, token_hash, deadline)
     }
 
-    /// Whether plans are written by the writer threads' batches (Postgres),
-    /// so an async caller may await [`Database::write_plan_async`].
+    /// Whether plans are written by the writer threads' batches (either
+    /// backend), so an async caller may await [`Database::write_plan_async`].
     pub fn writes_in_batches(&self) -> bool {
-        self.backend == Backend::Postgres
+        true
     }
 
-    /// [`Database::write_plan`] on Postgres, awaited with no thread of the
-    /// caller's own: the plan joins the writers' queue.
+    /// [`Database::write_plan`], awaited with no thread of the caller's
+    /// own: the plan joins the writers' queue.
     pub async fn write_plan_async(
         &self,
         plan: &Arc<plans::NewPlan>,
@@ -308,7 +289,7 @@ impl Database {
         token_hash: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        self.pg_writers
+        self.writers
             .write_async(plan, idempotency_key, token_hash, deadline)
             .await
     }
@@ -327,48 +308,20 @@ impl Database {
     /// Where write batches are counted: their sizes (either backend) and,
     /// on Postgres, batches split into single writes by a failure.
     pub fn observe_batches(&self, metrics: crate::metrics::BatchMetrics) {
-        match self.backend {
-            Backend::Postgres => self.pg_writers.observe(metrics),
-            Backend::Sqlite => self.writers.observe_batch_sizes(metrics.sizes),
-        }
+        self.writers.observe(metrics);
     }
 
     /// Test seam: the next Postgres write batch is taken only once `plans`
     /// writers are queued, so a test can make one batch of them.
     #[cfg(feature = "test-seams")]
     pub fn gather_next_batch(&self, plans: usize) {
-        self.pg_writers.gather(plans);
+        self.writers.gather(plans);
     }
 
     /// Test seam: Postgres writers queued, not yet in a batch.
     #[cfg(feature = "test-seams")]
     pub fn queued_writes(&self) -> usize {
-        self.pg_writers.queued()
-    }
-
-    /// SQLite reads before it queues: a stranger or a replay takes no write
-    /// lock.
-    fn write_sqlite(
-        &self,
-        lite: &mut diesel::SqliteConnection,
-        plan: &Arc<plans::NewPlan>,
-        idempotency_key: &str,
-        token_hash: &str,
-        deadline: &Deadline,
-    ) -> Result<plans::Written, plans::WriteFailure> {
-        let not_written = |error| plans::WriteFailure::new(error, false);
-        let login = logins::find_active_on_sqlite(lite, token_hash, plan.received_at)
-            .map_err(not_written)?;
-        if !login.is_some_and(|row| row.name == plan.maker && logins::may_submit(&row)) {
-            return Ok(plans::Written::Unauthorized);
-        }
-        if let Some((request_hash, plan)) =
-            plans::find_receipt_by_key_on_sqlite(lite, &plan.maker, idempotency_key)
-                .map_err(not_written)?
-        {
-            return Ok(plans::Written::KeyHeld { request_hash, plan });
-        }
-        self.writers.write(lite, plan, idempotency_key, deadline)
+        self.writers.queued()
     }
 
     /// The write step alone, as a concurrent writer whose read came before
@@ -382,7 +335,20 @@ impl Database {
         idempotency_key: &str,
         deadline: &Deadline,
     ) -> Result<plans::Written, plans::WriteFailure> {
-        self.writers.write(lite, plan, idempotency_key, deadline)
+        let entry = group_commit::Entry {
+            plan,
+            key: idempotency_key,
+            token_hash: None,
+            deadline: *deadline,
+        };
+        self.sqlite_batches
+            .write(lite, &[entry])
+            .pop()
+            .unwrap_or_else(|| {
+                Err(group_commit::batch_failed(
+                    plans::BatchFailure::LeaderPanicked,
+                ))
+            })
     }
 
     /// The signal that wakes readers waiting on the feed.
@@ -394,7 +360,7 @@ impl Database {
     /// transaction: the seam for testing that failure path.
     #[cfg(feature = "test-seams")]
     pub fn panic_in_next_batch(&self) {
-        self.writers.panic_in_next_batch();
+        self.sqlite_batches.panic_in_next_batch();
     }
 
     /// The most connections the pool holds at once.

@@ -200,7 +200,7 @@ pub struct PoolOptions {
     /// What sits between the service and Postgres.
     pub pg_pooler: PgPooler,
     /// Postgres: the most plans one group-commit batch writes
-    /// (1..=`pg_batch::MAX_PG_BATCH`).
+    /// (1..=`write_queue::MAX_PG_BATCH`).
     pub pg_write_batch: usize,
 }
 
@@ -230,7 +230,7 @@ impl Default for PoolOptions {
             feed_listener: false,
             feed_listen_url: None,
             pg_pooler: PgPooler::None,
-            pg_write_batch: super::pg_batch::DEFAULT_PG_BATCH,
+            pg_write_batch: super::write_queue::DEFAULT_PG_BATCH,
         }
     }
 }

@@ -1,16 +1,19 @@
-//! Postgres group commit. Every new plan alone costs a round trip and a
-//! commit; plans that arrive while writes are in flight are written
-//! together instead: one statement (`plans::write_postgres_batch`), one
-//! round trip, one commit for the batch, each plan with its own outcome.
+//! Group commit. Every new plan alone costs a round trip (Postgres) or
+//! an fsync (SQLite) and a commit; plans that arrive while writes are in
+//! flight are written together instead: on Postgres one statement
+//! (`plans::write_postgres_batch`), on SQLite one transaction
+//! (`group_commit`), one commit for the batch, each plan with its own
+//! outcome.
 //!
 //! Requests queue their plans here and wait for the answer, a blocked
 //! thread or an awaiting task (no thread of its own). A few writer threads
-//! each take whatever is queued, up to `max_batch` plans, write them on a
-//! pooled connection and answer each: one thread hop per batch, not per
-//! plan. A lone plan is written at once, with the single statement, so low
-//! load adds no latency; a batch forms only from what queued meanwhile.
+//! (one on SQLite, which admits one writer) each take whatever is queued,
+//! up to `max_batch` plans, write them on a pooled connection and answer
+//! each: one thread hop per batch, not per plan. A lone plan is written at
+//! once, so low load adds no latency; a batch forms only from what queued
+//! meanwhile.
 //!
-//! Why this keeps the guarantee:
+//! Why this keeps the guarantee on Postgres (SQLite's: `group_commit`):
 //! - a batch's new plans are written set-based (`plan_intake_write_batch`:
 //!   one INSERT for their plans, one for their key rows, `ON CONFLICT DO
 //!   NOTHING`, undone together if a key row met a conflict, `plans` locked
@@ -42,7 +45,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::errors::{
     FailureClass, StorageError, TransientCause, classify, copy_error, marked_sqlstate,
 };
-use super::group_commit::batch_failed;
+use super::group_commit::{Entry, SqliteBatches, batch_failed};
 use super::plans::{self, BatchEntry, BatchFailure, NewPlan, WriteFailure, Written};
 use super::{DbConn, PooledConn};
 use crate::deadline::Deadline;
@@ -50,7 +53,9 @@ use crate::metrics::BatchMetrics;
 
 type WriteResult = Result<Written, WriteFailure>;
 
-/// The most plans one batch may hold: each keeps up to two subtransaction
+/// The most plans one SQLite batch holds: one transaction, one fsync.
+pub const SQLITE_MAX_BATCH: usize = 64;
+/// The most plans one Postgres batch may hold: each keeps up to two subtransaction
 /// ids until its COMMIT, and a backend caches 64 (past them every snapshot
 /// on the primary and its standbys slows down).
 pub const MAX_PG_BATCH: usize = 31;
@@ -118,10 +123,12 @@ struct Shared {
     connect: Connect,
     /// Called after a batch created plans (wakes the feed's readers).
     created: Box<dyn Fn() + Send + Sync>,
+    /// Writes SQLite's batches.
+    sqlite: Arc<SqliteBatches>,
 }
 
 /// The queue of plans waiting to be written, and its writer threads.
-pub struct PgWriteQueue {
+pub struct PlanQueue {
     shared: Arc<Shared>,
     writers: usize,
     started: Once,
@@ -134,25 +141,27 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl PgWriteQueue {
-    /// `max_batch` plans at most per batch (1..=`MAX_PG_BATCH`), written by
+impl PlanQueue {
+    /// `max_batch` plans at most per batch (at least one), written by
     /// `writers` threads (started at the first write), each batch on a
-    /// connection from `connect`; `created` is called after every batch
-    /// that created a plan.
+    /// connection from `connect` (a SQLite one by `sqlite`); `created` is
+    /// called after every batch that created a plan.
     pub fn new(
         max_batch: usize,
         writers: usize,
         connect: Connect,
         created: Box<dyn Fn() + Send + Sync>,
+        sqlite: Arc<SqliteBatches>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 queue: Mutex::default(),
                 arrived: Condvar::new(),
-                max_batch: max_batch.clamp(1, MAX_PG_BATCH),
+                max_batch: max_batch.max(1),
                 metrics: OnceLock::new(),
                 connect,
                 created,
+                sqlite,
             }),
             writers: writers.max(1),
             started: Once::new(),
@@ -210,7 +219,7 @@ impl PgWriteQueue {
         }
     }
 
-    /// [`PgWriteQueue::write`] for an async caller: no thread waits for the
+    /// [`PlanQueue::write`] for an async caller: no thread waits for the
     /// batch. A caller that stops waiting (its deadline) leaves the plan
     /// queued; a writer drops it unwritten once its deadline has passed.
     pub async fn write_async(
@@ -273,7 +282,7 @@ impl PgWriteQueue {
     }
 }
 
-impl Drop for PgWriteQueue {
+impl Drop for PlanQueue {
     fn drop(&mut self) {
         lock(&self.shared.queue).closed = true;
         self.shared.arrived.notify_all();
@@ -386,11 +395,20 @@ impl Shared {
                     .collect();
             }
         };
-        let DbConn::Postgres(pg) = &mut *conn else {
-            return batch
-                .iter()
-                .map(|_| Err(batch_failed(BatchFailure::NoConnection)))
-                .collect();
+        let pg = match &mut *conn {
+            DbConn::Postgres(pg) => pg,
+            DbConn::Sqlite(lite) => {
+                let entries: Vec<Entry<'_>> = batch
+                    .iter()
+                    .map(|slot| Entry {
+                        plan: &slot.plan,
+                        key: &slot.key,
+                        token_hash: Some(&slot.token_hash),
+                        deadline: slot.deadline,
+                    })
+                    .collect();
+                return self.sqlite.write(lite, &entries);
+            }
         };
         let results = if let [slot] = batch {
             vec![write_one(pg, slot)]
