@@ -207,7 +207,7 @@ async fn submit(
         .parse_turn(bytes.len(), deadline.remaining())
         .await
         .map_err(|()| ApiError::Timeout("no turn to parse a large body in time".into()))?;
-    let accepted = if bytes.len() <= INLINE_PARSE_BYTES && state.intake.writes_in_batches() {
+    let accepted = if bytes.len() <= INLINE_PARSE_BYTES {
         // A small body is parsed here, and the write awaited on the
         // writers' queue: no thread hop of this request's own.
         let (_room, _turn) = (room, turn);

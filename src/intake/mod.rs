@@ -326,12 +326,6 @@ impl Intake {
         }
     }
 
-    /// Whether [`Intake::submit_queued`] may be awaited (Postgres: plans
-    /// are written by the writers' batches).
-    pub fn writes_in_batches(&self) -> bool {
-        self.db.writes_in_batches()
-    }
-
     /// [`Intake::submit`] for an async caller: the write's first attempt is
     /// awaited on the writers' queue, with no thread of its own. `Err`: an
     /// outcome that needs blocking work (a retry, a re-read, a wait for the

@@ -59,7 +59,9 @@ pub enum SubmitError {
         #[source]
         reread_error: StorageError,
     },
-    /// SQLite: the batch this write shared failed as a whole; nothing landed: 503.
+    /// The batch this write shared failed as a whole (a SQLite batch whose
+    /// writer panicked or whose COMMIT failed; no connection for a batch;
+    /// its deadline passed while queued); nothing landed: 503.
     #[error("the shared write batch failed: {}", .0.as_str())]
     BatchFailed(BatchFailure),
     /// The database failed in a way no retry here can mend: 503.
@@ -109,7 +111,7 @@ pub struct FirstAttempt {
 }
 
 impl Intake {
-    /// The first attempt, awaited on the writers' queue (Postgres). The
+    /// The first attempt, awaited on the writers' queue. The
     /// answer when it is final now (created, unauthorized, and replays
     /// when nothing waits for a standby), else the attempt to go on from.
     pub(super) async fn first_attempt(

@@ -36,6 +36,7 @@ use super::plans::{
     BatchFailure, NewPlan, WriteFailure, Written, find_receipt_by_key_on_sqlite, insert_both_rows,
     resolve_in_transaction,
 };
+use super::write_queue::TIME_TO_SEND;
 use crate::deadline::Deadline;
 
 type WriteResult = Result<Written, WriteFailure>;
@@ -106,47 +107,76 @@ impl SqliteBatches {
         }
     }
 
-    /// Answers `batch` on `conn`, every plan in order: refusals and replays
-    /// from reads, before the write lock is asked for (a batch of them never
-    /// takes it, nor waits for another writer of the file); the rest written
-    /// in one transaction, once the appender has had any turn it waits for.
-    pub fn write(&self, conn: &mut SqliteConnection, batch: &[Entry<'_>]) -> Vec<WriteResult> {
-        let mut answers: Vec<Option<WriteResult>> = batch
-            .iter()
-            .map(|entry| answered_by_reads(conn, entry))
-            .collect();
-        let to_write: Vec<&Entry<'_>> = batch
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|(entry, _)| entry)
-            .collect();
-        if !to_write.is_empty() {
-            let mut written = self.write_in_turn(conn, &to_write).into_iter();
-            for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
-                *answer = written.next();
+    /// Answers `batch` on `conn`: refusals and replays from reads, handed
+    /// to `early` (the plan's index, its answer) at once, before the write
+    /// lock is asked for, so they never wait for a writer of the file; the
+    /// rest written in one transaction, once the appender has had any turn
+    /// it waits for, their answers returned (`None`: given to `early`).
+    pub fn write(
+        &self,
+        conn: &mut SqliteConnection,
+        batch: &[Entry<'_>],
+        early: &dyn Fn(usize, WriteResult),
+    ) -> Vec<Option<WriteResult>> {
+        let mut to_write = Vec::new();
+        for (at, entry) in batch.iter().enumerate() {
+            match answered_by_reads(conn, entry) {
+                Some(answer) => early(at, answer),
+                None => to_write.push(at),
             }
         }
+        let mut answers: Vec<Option<WriteResult>> = batch.iter().map(|_| None).collect();
+        if to_write.is_empty() {
+            return answers;
+        }
+        let entries: Vec<&Entry<'_>> = to_write.iter().map(|&at| &batch[at]).collect();
+        for (at, written) in to_write.into_iter().zip(self.write_in_turn(conn, &entries)) {
+            answers[at] = Some(written);
+        }
         answers
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(batch_failed(BatchFailure::LeaderPanicked))))
-            .collect()
     }
 
-    /// Writes `batch` in one transaction, once the appender has had any
-    /// turn it waits for.
+    /// Writes `batch` in one transaction once the appender has had any turn
+    /// it waits for; a plan whose deadline passes (or nearly) meanwhile is
+    /// never written (its request has been answered 503).
     fn write_in_turn(&self, conn: &mut SqliteConnection, batch: &[&Entry<'_>]) -> Vec<WriteResult> {
+        let late = || Err(batch_failed(BatchFailure::NotWrittenInTime));
+        let patience = batch
+            .iter()
+            .map(|entry| entry.deadline.remaining())
+            .max()
+            .unwrap_or_default();
+        let until = std::time::Instant::now() + patience;
         let mut turns = lock(&self.turns);
         while turns.writing || turns.wanted > 0 {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return batch.iter().map(|_| late()).collect();
+            }
             turns = self
                 .done
-                .wait(turns)
-                .unwrap_or_else(PoisonError::into_inner);
+                .wait_timeout(turns, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         turns.writing = true;
         drop(turns);
         let _turn = Turn(self);
-        self.write_batch_guarded(conn, batch)
+        let timely: Vec<usize> = (0..batch.len())
+            .filter(|&at| batch[at].deadline.remaining() >= TIME_TO_SEND)
+            .collect();
+        let mut answers: Vec<WriteResult> = batch.iter().map(|_| late()).collect();
+        if timely.is_empty() {
+            return answers;
+        }
+        let entries: Vec<&Entry<'_>> = timely.iter().map(|&at| batch[at]).collect();
+        for (at, written) in timely
+            .into_iter()
+            .zip(self.write_batch_guarded(conn, &entries))
+        {
+            answers[at] = written;
+        }
+        answers
     }
 
     /// Runs `write` (another writer of this file, on a connection of its

@@ -158,8 +158,13 @@ impl Database {
                 options.pg_write_batch.clamp(1, write_queue::MAX_PG_BATCH),
                 PG_WRITERS.min((options.max_size as usize / 2).max(1)),
             ),
-            // SQLite admits one writer at a time.
-            Backend::Sqlite => (write_queue::SQLITE_MAX_BATCH, 1),
+            // SQLite admits one writer at a time (`SqliteBatches` takes
+            // turns); a second thread reads the next batch meanwhile, so a
+            // replay is answered while the other waits for the lock.
+            Backend::Sqlite => (
+                write_queue::SQLITE_MAX_BATCH,
+                SQLITE_WRITERS.min(options.max_size as usize).max(1),
+            ),
         };
         Ok(Self {
             feed,
@@ -274,12 +279,6 @@ impl Database {
             .write(plan, idempotency_key, token_hash, deadline)
     }
 
-    /// Whether plans are written by the writer threads' batches (either
-    /// backend), so an async caller may await [`Database::write_plan_async`].
-    pub fn writes_in_batches(&self) -> bool {
-        true
-    }
-
     /// [`Database::write_plan`], awaited with no thread of the caller's
     /// own: the plan joins the writers' queue.
     pub async fn write_plan_async(
@@ -341,9 +340,11 @@ impl Database {
             token_hash: None,
             deadline: *deadline,
         };
+        // The entry skips the reads, so its answer is returned, never early.
         self.sqlite_batches
-            .write(lite, &[entry])
+            .write(lite, &[entry], &|_, _| {})
             .pop()
+            .flatten()
             .unwrap_or_else(|| {
                 Err(group_commit::batch_failed(
                     plans::BatchFailure::LeaderPanicked,
@@ -526,6 +527,8 @@ pub fn discard(conn: &mut DbConn) {
 
 /// Writer threads of the Postgres group commit.
 const PG_WRITERS: usize = 2;
+/// Writer threads on SQLite: one writes while the other reads.
+const SQLITE_WRITERS: usize = 2;
 
 /// A pooled connection within `timeout` and the deadline.
 fn checkout_within(

@@ -142,13 +142,13 @@ impl WriteFailure {
 /// Why a group-commit batch answered its writers without writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchFailure {
-    /// The writer leading the batch panicked; its transaction was abandoned.
+    /// The batch's writer panicked (SQLite); its transaction was abandoned.
     LeaderPanicked,
     /// The batch's COMMIT failed; SQLite rolled it back, so nothing landed.
     CommitFailed,
     /// The request's deadline passed while it was still queued.
     NotWrittenInTime,
-    /// Postgres: no pooled connection freed up for the batch in time.
+    /// No pooled connection freed up for the batch in time.
     NoConnection,
 }
 

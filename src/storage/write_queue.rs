@@ -67,7 +67,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// A plan with less time left than this is not sent: its locks could wait
 /// a millisecond or two, and one that times out fails its whole batch.
-const TIME_TO_SEND: Duration = Duration::from_millis(20);
+pub(super) const TIME_TO_SEND: Duration = Duration::from_millis(20);
 
 /// Gives a batch its connection, waiting no longer than the deadline.
 pub type Connect = Box<dyn Fn(&Deadline) -> Result<PooledConn, StorageError> + Send + Sync>;
@@ -306,11 +306,18 @@ impl Shared {
                 Ok(results) => {
                     // Readers waiting on the feed are woken here, whether or
                     // not the plans' requests are still waiting.
-                    if results.iter().any(|r| matches!(r, Ok(Written::Created(_)))) {
+                    if results
+                        .iter()
+                        .any(|r| matches!(r, Some(Ok(Written::Created(_)))))
+                    {
                         (self.created)();
                     }
+                    // `None`: answered already (SQLite answers what reads
+                    // settle before it writes the rest).
                     for (slot, result) in batch.iter().zip(results) {
-                        slot.answer(result);
+                        if let Some(result) = result {
+                            slot.answer(result);
+                        }
                     }
                 }
                 Err(_) => {
@@ -365,8 +372,9 @@ impl Shared {
         }
     }
 
-    /// Writes one batch on a connection of its own: every plan answered.
-    fn write_batch(&self, batch: &[Arc<Slot>]) -> Vec<WriteResult> {
+    /// Writes one batch on a connection of its own: every plan's answer,
+    /// or `None` where it was answered already.
+    fn write_batch(&self, batch: &[Arc<Slot>]) -> Vec<Option<WriteResult>> {
         if let Some(metrics) = self.metrics.get() {
             metrics.sizes.observe(batch.len() as f64);
         }
@@ -386,11 +394,11 @@ impl Shared {
                 return batch
                     .iter()
                     .map(|slot| {
-                        Err(batch_failed(if slot.deadline.passed() {
+                        Some(Err(batch_failed(if slot.deadline.passed() {
                             BatchFailure::NotWrittenInTime
                         } else {
                             BatchFailure::NoConnection
-                        }))
+                        })))
                     })
                     .collect();
             }
@@ -407,7 +415,27 @@ impl Shared {
                         deadline: slot.deadline,
                     })
                     .collect();
-                return self.sqlite.write(lite, &entries);
+                // A refusal or a replay settled by reads is answered at
+                // once, before the batch waits for the write lock. A panic
+                // anywhere in it writes nothing that is not rolled back:
+                // each plan not yet answered gets 503 (counted), not a
+                // re-read.
+                let early = |at: usize, result: WriteResult| batch[at].answer(result);
+                return match catch_unwind(AssertUnwindSafe(|| {
+                    self.sqlite.write(lite, &entries, &early)
+                })) {
+                    Ok(results) => results,
+                    Err(_) => {
+                        tracing::error!(
+                            plans = batch.len(),
+                            "the SQLite batch's writer panicked; its batch is abandoned"
+                        );
+                        batch
+                            .iter()
+                            .map(|_| Some(Err(batch_failed(BatchFailure::LeaderPanicked))))
+                            .collect()
+                    }
+                };
             }
         };
         let results = if let [slot] = batch {
@@ -419,7 +447,7 @@ impl Shared {
         if results.iter().any(|r| r.as_ref().is_err_and(is_read_only)) {
             super::discard(&mut conn);
         }
-        results
+        results.into_iter().map(Some).collect()
     }
 }
 

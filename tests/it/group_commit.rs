@@ -1,5 +1,5 @@
-//! SQLite group commit's failure paths: a leader that panics inside its
-//! transaction, and a COMMIT that fails. Every writer in that batch is
+//! SQLite group commit's failure paths: a batch's writer that panics
+//! inside its transaction, and a COMMIT that fails. Every writer in that batch is
 //! answered 503 (never 500), the failure is counted, nothing of the batch
 //! lands, and each retry with its key lands once.
 

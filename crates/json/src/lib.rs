@@ -2,7 +2,8 @@
 //! no duplicate member names, no lone surrogates, and numbers kept exactly.
 //!
 //! serde_json reads the structure; each number's text, exactly as sent, is
-//! read beside it from the body ([`NumberTexts`]), so no serde_json feature
+//! read beside it from the body ([`NumberTexts`]; an integer below 2^53,
+//! whose value says its text, is written from its value), so no serde_json feature
 //! is needed (and none is forced on a program that links this crate: its
 //! `arbitrary_precision` would change how that program's own `untagged` and
 //! `flatten` types read numbers). A number is accepted only when its RFC 8785 canonical
@@ -323,9 +324,7 @@ impl<'b> NumberTexts<'b> {
                 }
                 b'-' | b'0'..=b'9' => {
                     let start = at;
-                    while bytes.get(at).is_some_and(in_number) {
-                        at += 1;
-                    }
+                    at = number_end(bytes, at);
                     self.next.set(at);
                     return Some(start..at);
                 }
@@ -335,6 +334,34 @@ impl<'b> NumberTexts<'b> {
         self.next.set(at);
         None
     }
+}
+
+/// Where the number token starting at `at` ends, by JSON's grammar
+/// (`-?digits(.digits)?([eE][+-]?digits)?`), as serde_json reads it: what
+/// follows (`5-1`'s `-1`) is not the number's, and serde_json refuses it
+/// as a syntax error, whether the number was skipped or read.
+fn number_end(bytes: &[u8], mut at: usize) -> usize {
+    let digits = |mut at: usize| {
+        while bytes.get(at).is_some_and(u8::is_ascii_digit) {
+            at += 1;
+        }
+        at
+    };
+    if bytes.get(at) == Some(&b'-') {
+        at += 1;
+    }
+    at = digits(at);
+    if bytes.get(at) == Some(&b'.') {
+        at = digits(at + 1);
+    }
+    if matches!(bytes.get(at), Some(b'e' | b'E')) {
+        at += 1;
+        if matches!(bytes.get(at), Some(b'+' | b'-')) {
+            at += 1;
+        }
+        at = digits(at);
+    }
+    at
 }
 
 /// A byte that may stand inside a JSON number.
@@ -1068,6 +1095,10 @@ impl<'de> Visitor<'de> for ContentVisitor<'_> {
             canon: &mut canon,
         }
         .map_from(access, opening)?;
+        // Room made for a body mostly of other members is given back.
+        if canon.out.len() < canon.out.capacity() / 2 {
+            canon.out.shrink_to_fit();
+        }
         Ok(Content::Object(canon.out))
     }
 }
@@ -1250,6 +1281,31 @@ mod tests {
             parse_members(br#"{"c":{"a":[1,2,9007199254740993]}}"#, &[], "c"),
             Err(JsonError::NotIJson { path, .. }) if path == "c.a[2]"
         ));
+    }
+
+    /// What follows a number by JSON's grammar is not the number's: `5-1`
+    /// is a syntax error (400) whether the `5` is skipped or read.
+    #[test]
+    fn a_number_ends_where_its_grammar_does() {
+        for body in [
+            &br#"{"c":{"n":5-1}}"#[..],
+            br#"{"c":{"n":5.0-1}}"#,
+            br#"{"c":[12-]}"#,
+            br#"{"c":[1e5+2]}"#,
+        ] {
+            assert!(
+                matches!(parse_members(body, &[], "c"), Err(JsonError::Syntax(_))),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            assert!(matches!(parse(body), Err(JsonError::Syntax(_))));
+        }
+        let Ok(Members::Object { canonical, .. }) =
+            parse_members(br#"{"c":{"a":[1,-0.5e-1,2E+2,3,1.5]}}"#, &[], "c")
+        else {
+            panic!("parsed");
+        };
+        assert_eq!(canonical.as_deref(), Some(r#"{"a":[1,-0.05,200,3,1.5]}"#));
     }
 
     #[test]
