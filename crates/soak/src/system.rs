@@ -708,7 +708,15 @@ impl Drop for System {
 }
 
 fn psql(url: &str, sql: &str) -> Result<String, String> {
+    // An explicit host keeps Debian's pg_wrapper from reading every local
+    // cluster's configuration to pick a default, which fails while another
+    // test drops a cluster of its own ("Invalid data directory for
+    // cluster"); the URL's own host, the same, is what psql connects to.
+    let host = host_port(url)
+        .ok()
+        .and_then(|address| address.rsplit_once(':').map(|(host, _)| host.to_owned()));
     let out = Command::new("psql")
+        .args(host.iter().flat_map(|host| ["-h", host.as_str()]))
         .args([url, "-qAtX", "-v", "ON_ERROR_STOP=1", "-c", sql])
         .output()
         .map_err(|e| format!("psql: {e}"))?;
