@@ -175,7 +175,40 @@ async fn a_replay_is_answered_from_a_read_while_writes_are_locked_out(db: TestDb
         started.elapsed() < DEADLINE / 2,
         "the replay waited for the write lock"
     );
-    let new = send(&service, post_plan(&token, "k2", &plan_body("run-2", "x"))).await;
+    // A new plan waits for the lock until its deadline; a replay sent while
+    // its batch waits is still answered from a read at once (the batches'
+    // writers do not all wait behind the locked-out one).
+    let label = match backend {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    };
+    let (batches_before, _) = app.metrics().write_batch_totals(label);
+    let new = send(&service, post_plan(&token, "k2", &plan_body("run-2", "x")));
+    let begun = Box::pin(crate::support::wait_until(
+        "the new plan's batch began",
+        || app.metrics().write_batch_totals(label).0 > batches_before,
+    ));
+    futures_util::pin_mut!(new);
+    let new = match futures_util::future::select(new, begun).await {
+        futures_util::future::Either::Left((new, _)) => {
+            panic!(
+                "the new plan was answered before its batch began: {:?}",
+                new.body
+            )
+        }
+        futures_util::future::Either::Right(((), new)) => new,
+    };
+    let replay_sent = Instant::now();
+    let (new, again) = futures_util::join!(new, async {
+        let again = send(&service, post_plan(&token, "k", &body)).await;
+        (again, replay_sent.elapsed())
+    });
+    let (again, waited) = again;
+    assert_eq!(again.status, StatusCode::OK, "{:?}", again.body);
+    assert!(
+        waited < DEADLINE / 2,
+        "the replay waited {waited:?} behind the new plan's batch"
+    );
     assert_eq!(
         new.status,
         StatusCode::SERVICE_UNAVAILABLE,
