@@ -262,12 +262,14 @@ impl Database {
     /// active login with `plans:submit` (nothing read or written), or the
     /// key row is already committed, which is answered from a read with
     /// nothing written. The plan joins a group-commit batch (`write_queue`)
-    /// written on one pooled connection, the login check and the key read
-    /// included: on Postgres by one statement, on SQLite by one
-    /// `BEGIN IMMEDIATE` transaction of this process's one writer thread,
-    /// committing many plans with one fsync instead of leaving writers to
-    /// SQLite's busy handler (`group_commit`). A connection that finds the
-    /// server read-only is discarded, so the next finds the primary.
+    /// written on one pooled connection: on Postgres by one statement, the
+    /// login check and the key read included; on SQLite the batch's writer
+    /// reads each plan's login and key first, with no write lock, then
+    /// writes the rest in one `BEGIN IMMEDIATE` transaction, its turn taken
+    /// among this process's writers of the file (`group_commit`), many
+    /// plans to one fsync instead of leaving writers to SQLite's busy
+    /// handler. A connection that finds the server read-only is discarded,
+    /// so the next finds the primary.
     pub fn write_plan(
         &self,
         plan: &Arc<plans::NewPlan>,
@@ -310,14 +312,14 @@ impl Database {
         self.writers.observe(metrics);
     }
 
-    /// Test seam: the next Postgres write batch is taken only once `plans`
-    /// writers are queued, so a test can make one batch of them.
+    /// Test seam: the next write batch is taken only once `plans` writers
+    /// are queued, so a test can make one batch of them.
     #[cfg(feature = "test-seams")]
     pub fn gather_next_batch(&self, plans: usize) {
         self.writers.gather(plans);
     }
 
-    /// Test seam: Postgres writers queued, not yet in a batch.
+    /// Test seam: writers queued, not yet in a batch.
     #[cfg(feature = "test-seams")]
     pub fn queued_writes(&self) -> usize {
         self.writers.queued()
